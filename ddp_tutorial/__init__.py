@@ -1,0 +1,33 @@
+"""ddp-tutorial: learn DistributedDataParallel by running it and measuring each step.
+
+The notebook-facing API::
+
+    import ddp_tutorial
+    run = ddp_tutorial.launch(ddp_tutorial.TRAIN_SCRIPT, world_size=4, args=["--epochs", "2"])
+    ddp_tutorial.plots.plot_loss_curves(run)
+
+Importing this package does not import torch: only the worker processes do.
+"""
+
+from ddp_tutorial.launcher import (
+    TRAIN_SCRIPT,
+    LaunchConfigError,
+    LaunchError,
+    LaunchTimeout,
+    WorkerError,
+    free_port,
+    launch,
+)
+from ddp_tutorial.metrics import Run
+
+__all__ = ["launch", "Run", "TRAIN_SCRIPT", "LaunchError", "LaunchConfigError", "WorkerError",
+           "LaunchTimeout", "free_port", "plots"]
+
+
+def __getattr__(name):
+    # `ddp_tutorial.plots` on first use: it imports matplotlib, which workers never need.
+    if name == "plots":
+        import importlib
+
+        return importlib.import_module("ddp_tutorial.plots")
+    raise AttributeError(f"module 'ddp_tutorial' has no attribute {name!r}")

@@ -1,0 +1,117 @@
+"""Command-line flags of the training script, and their checks.
+
+This module imports no torch, so the launcher can check a run's flags in the
+notebook kernel (cheaply) before it starts any worker process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Sequence
+
+#: The mistakes of the original demo that ``train.py`` can reproduce on request.
+BUGS = {
+    "forward-outside-no-sync": "run forward() outside no_sync(), so no_sync() skips nothing",
+    "sync-schedule": "sync and step on step % K == 0, so the first update follows one micro-batch",
+    "loss-not-scaled": "do not divide the loss by the accumulation steps K",
+    "per-rank-data": "every rank builds its own random dataset",
+    "no-set-epoch": "never call sampler.set_epoch(epoch), so every epoch repeats one order",
+    "random-labels": "draw random labels every step, so there is nothing to learn",
+}
+
+
+class ConfigError(ValueError):
+    """A flag value that cannot work, found before any process starts."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags of ``python -m ddp_tutorial.train`` (shared by the CLI)."""
+    p = argparse.ArgumentParser(
+        prog="python -m ddp_tutorial.train",
+        description="Train a small MLP on a seeded teacher task with DistributedDataParallel.",
+    )
+    add_training_flags(p)
+    return p
+
+
+def add_training_flags(p: argparse.ArgumentParser) -> None:
+    """Add the training flags to ``p`` (used by train.py and by ``python -m ddp_tutorial``)."""
+    g = p.add_argument_group("training")
+    g.add_argument("--epochs", type=int, default=2, help="passes over the dataset (default: 2)")
+    g.add_argument("--batch-size", type=int, default=16, help="micro-batch size per rank (default: 16)")
+    g.add_argument("--accum-steps", type=int, default=2,
+                   help="micro-batches accumulated per optimizer step, K (default: 2)")
+    g.add_argument("--dataset-size", type=int, default=2048, help="samples in the dataset (default: 2048)")
+    g.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default: 0.05)")
+    g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
+    g.add_argument("--seed", type=int, default=0, help="seed shared by all ranks (default: 0)")
+    g.add_argument("--straggler-ms", type=float, default=0.0,
+                   help="each rank sleeps a random 0..N ms per micro-step; 0 turns it off (default: 0)")
+    g.add_argument("--bucket-cap-mb", type=float, default=25.0,
+                   help="DDP gradient bucket size in MB (default: 25, DDP's own default)")
+    g.add_argument("--backend", choices=["auto", "gloo", "nccl"],
+                   default=os.environ.get("DDP_TUTORIAL_BACKEND", "auto"),
+                   help="process-group backend; auto picks nccl when CUDA is present, else gloo")
+    g.add_argument("--threads", type=int, default=1,
+                   help="torch threads per rank on CPU; 0 keeps torch's default, which "
+                        "oversubscribes a small machine (default: 1)")
+    g.add_argument("--pg-timeout", type=float, default=300.0,
+                   help="seconds a collective may wait before the process group gives up (default: 300)")
+    g.add_argument("--out", default=os.environ.get("DDP_TUTORIAL_RUN_DIR", "runs/train"),
+                   help="folder for rank<R>.jsonl metrics and rank 0's model.pt")
+    g.add_argument("--no-metrics", action="store_true",
+                   help="skip the per-step timing hook and metric files (for overhead checks)")
+    g.add_argument("--bug", action="append", default=[], choices=sorted(BUGS) + ["all"],
+                   help="reproduce a mistake of the original demo (repeatable; 'all' = every one)")
+    f = p.add_argument_group("fault injection")
+    f.add_argument("--fail-at-step", type=int, default=None,
+                   help="micro-step at which --fail-rank fails (default: never)")
+    f.add_argument("--fail-rank", type=int, default=0, help="rank that fails (default: 0)")
+    f.add_argument("--fail-mode", choices=["raise", "exit", "hang"], default="raise",
+                   help="raise an exception, exit(3), or sleep forever (default: raise)")
+
+
+def validate(args: argparse.Namespace, world_size: int) -> argparse.Namespace:
+    """Raise ConfigError for flag values that cannot give a sensible run.
+
+    Args:
+        args: parsed flags.
+        world_size: number of ranks the run will have.
+    """
+    if world_size < 1:
+        raise ConfigError(f"world_size must be at least 1, got {world_size}")
+    if args.epochs < 1:
+        raise ConfigError(f"--epochs must be at least 1, got {args.epochs}")
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.accum_steps < 1:
+        raise ConfigError(f"--accum-steps must be at least 1, got {args.accum_steps}")
+    if args.dataset_size < world_size * args.batch_size:
+        raise ConfigError(
+            f"--dataset-size {args.dataset_size} is smaller than world_size x batch size "
+            f"= {world_size} x {args.batch_size} = {world_size * args.batch_size}: "
+            "some rank would get no full batch")
+    if args.lr <= 0:
+        raise ConfigError(f"--lr must be positive, got {args.lr}")
+    if args.straggler_ms < 0:
+        raise ConfigError(f"--straggler-ms must be 0 or more, got {args.straggler_ms}")
+    if args.bucket_cap_mb <= 0:
+        raise ConfigError(f"--bucket-cap-mb must be positive, got {args.bucket_cap_mb}")
+    if args.threads < 0:
+        raise ConfigError(f"--threads must be 0 or more, got {args.threads}")
+    if args.fail_at_step is not None and not 0 <= args.fail_rank < world_size:
+        raise ConfigError(f"--fail-rank {args.fail_rank} is not a rank of a world of {world_size}")
+    if "all" in args.bug:
+        args.bug = sorted(BUGS)
+    return args
+
+
+def parse(argv: Sequence[str], world_size: int) -> argparse.Namespace:
+    """Parse and validate training flags; raise ConfigError instead of exiting."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit as exc:  # argparse exits on unknown flags or bad types
+        raise ConfigError(f"bad training flags {list(argv)!r} (see --help)") from exc
+    return validate(args, world_size)

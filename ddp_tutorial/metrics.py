@@ -1,0 +1,146 @@
+"""Per-rank metrics: one JSON line per micro-step, and the ``Run`` that reads them back.
+
+Workers write ``<run_dir>/rank<R>.jsonl``, flushing every line, so a run that
+fails still leaves every step it finished. The notebook side reads them with
+``Run(run_dir)``. No torch is imported here unless a model is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+
+class MetricsWriter:
+    """Append JSON lines to one rank's metrics file, flushed as they go.
+
+    Args:
+        run_dir: the run folder.
+        rank: this process's global rank.
+        fresh: truncate an existing file (a new run) instead of appending (a restart).
+    """
+
+    def __init__(self, run_dir: str, rank: int, fresh: bool = True):
+        os.makedirs(run_dir, exist_ok=True)
+        self.path = os.path.join(run_dir, f"rank{rank}.jsonl")
+        self._file = open(self.path, "w" if fresh else "a", encoding="utf-8")
+
+    def write(self, record: Dict[str, Any]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()  # a crash a moment later must not lose this step
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_jsonl(path: Path) -> List[Dict[str, Any]]:
+    """Records of one file; a torn last line (the writer died mid-line) is skipped."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+class Run:
+    """The results of one launch, read from its run folder.
+
+    Attributes:
+        run_dir: the folder holding ``rank<R>.jsonl`` and, after training, ``model.pt``.
+        steps: per rank, the list of micro-step records in order.
+        summaries: per rank, the final summary record (missing for ranks that died).
+        events: per rank, other records (e.g. ``checkpoint``, ``restart``).
+        output: per rank, the lines the worker printed (filled in by ``launch``).
+        wall_seconds: launch wall time (filled in by ``launch``).
+    """
+
+    def __init__(self, run_dir, world_size: Optional[int] = None):
+        self.run_dir = Path(run_dir)
+        self.steps: Dict[int, List[Dict[str, Any]]] = {}
+        self.summaries: Dict[int, Dict[str, Any]] = {}
+        self.events: Dict[int, List[Dict[str, Any]]] = {}
+        self.output: Dict[int, List[str]] = {}
+        self.wall_seconds: Optional[float] = None
+        self.reload()
+        self.world_size = world_size if world_size is not None else len(self.ranks) or None
+
+    def reload(self) -> "Run":
+        """(Re)read every rank file in the run folder."""
+        self.steps, self.summaries, self.events = {}, {}, {}
+        for path in sorted(self.run_dir.glob("rank*.jsonl")):
+            m = re.fullmatch(r"rank(\d+)\.jsonl", path.name)
+            if not m:
+                continue
+            rank = int(m.group(1))
+            self.steps[rank], self.events[rank] = [], []
+            for rec in read_jsonl(path):
+                kind = rec.get("kind")
+                if kind == "step":
+                    self.steps[rank].append(rec)
+                elif kind == "summary":
+                    self.summaries[rank] = rec
+                else:
+                    self.events[rank].append(rec)
+        return self
+
+    @property
+    def ranks(self) -> List[int]:
+        return sorted(self.steps)
+
+    def last_step(self, rank: int) -> Optional[int]:
+        """The last micro-step ``rank`` finished, or None."""
+        steps = self.steps.get(rank) or []
+        return steps[-1]["step"] if steps else None
+
+    def column(self, rank: int, key: str) -> List[Any]:
+        """One field over all micro-steps of ``rank``, e.g. ``run.column(0, "loss")``."""
+        return [rec[key] for rec in self.steps.get(rank, [])]
+
+    def sync_steps(self, rank: int) -> List[Dict[str, Any]]:
+        """Micro-steps of ``rank`` that synchronised gradients."""
+        return [rec for rec in self.steps.get(rank, []) if rec["sync"]]
+
+    def allreduce_calls(self, rank: int = 0) -> int:
+        """Bucket all-reduces ``rank`` actually executed, counted by the comm hook."""
+        return sum(rec["allreduce_calls"] for rec in self.steps.get(rank, []))
+
+    def optimizer_steps(self, rank: int = 0) -> int:
+        return sum(1 for rec in self.steps.get(rank, []) if rec["optimizer_step"])
+
+    def mean_loss_curve(self) -> List[float]:
+        """Mean over ranks of the local loss, per micro-step (ranks that finished it)."""
+        n = min((len(s) for s in self.steps.values()), default=0)
+        return [sum(self.steps[r][i]["loss"] for r in self.ranks) / len(self.ranks) for i in range(n)]
+
+    def model_path(self) -> Path:
+        return self.run_dir / "model.pt"
+
+    def model_state(self):
+        """The final ``state_dict`` rank 0 saved (loaded on CPU)."""
+        import torch  # only here: reading metrics needs no torch
+
+        return torch.load(self.model_path(), map_location="cpu", weights_only=True)
+
+    def describe(self) -> str:
+        """One line per rank: steps, last loss, total sync time."""
+        lines = [f"run folder: {self.run_dir}"]
+        for rank in self.ranks:
+            steps = self.steps[rank]
+            if not steps:
+                lines.append(f"rank {rank}: no steps")
+                continue
+            sync = sum(s["sync_s"] for s in steps)
+            lines.append(
+                f"rank {rank}: {len(steps)} micro-steps, {self.optimizer_steps(rank)} optimizer steps, "
+                f"loss {steps[0]['loss']:.4f} -> {steps[-1]['loss']:.4f}, "
+                f"sync {sync * 1e3:.1f} ms in {self.allreduce_calls(rank)} all-reduces")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.run_dir)!r}, ranks={self.ranks})"
