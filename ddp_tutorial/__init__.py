@@ -17,11 +17,12 @@ from ddp_tutorial.launcher import (
     WorkerError,
     free_port,
     launch,
+    scripts_path,
 )
 from ddp_tutorial.metrics import Run
 
 __all__ = ["launch", "Run", "TRAIN_SCRIPT", "LaunchError", "LaunchConfigError", "WorkerError",
-           "LaunchTimeout", "free_port", "plots"]
+           "LaunchTimeout", "free_port", "scripts_path", "plots"]
 
 
 def __getattr__(name):

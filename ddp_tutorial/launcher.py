@@ -39,6 +39,11 @@ BOOTSTRAP = str(PACKAGE_DIR / "_bootstrap.py")
 TRAIN_MODULE = "ddp_tutorial.train"
 
 
+def scripts_path(name: str) -> str:
+    """Path of a lesson script in ``ddp_tutorial/scripts``, e.g. ``scripts_path("hello.py")``."""
+    return str(PACKAGE_DIR / "scripts" / name)
+
+
 class LaunchError(RuntimeError):
     """Base class of every error ``launch`` raises.
 
@@ -117,6 +122,7 @@ class _WorkerGroup:
         self.output: Dict[int, List[str]] = {r: [] for r in range(len(envs))}
         self.exit_codes: Dict[int, Optional[int]] = {r: None for r in range(len(envs))}
         self.echo = echo
+        self.port: Optional[int] = None
         self.procs: List[subprocess.Popen] = []
         self.threads: List[threading.Thread] = []
         _LIVE_GROUPS.add(self)
@@ -314,9 +320,10 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
         port = master_port or free_port()
         envs = [_worker_env(r, world_size, port, run_dir, backend, attempt, max_restarts, env)
                 for r in range(world_size)]
+        group = _WorkerGroup(cmd, envs, echo)
+        group.port = port
         try:
-            output, exit_codes = _supervise(_WorkerGroup(cmd, envs, echo), deadline, timeout,
-                                            run_dir, grace)
+            output, exit_codes = _supervise(group, deadline, timeout, run_dir, grace)
             break
         except WorkerError as exc:
             if master_port is None and port_retries < 2 and "Address already in use" in exc.traceback:
@@ -330,6 +337,7 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
                   f"restarting all ranks, attempt {attempt} of {max_restarts}", flush=True)
     run = Run(run_dir, world_size)
     run.output, run.exit_codes = output, exit_codes
+    run.pids, run.master_port = group.pids, port
     run.wall_seconds = time.monotonic() - t0
     return run
 
@@ -360,7 +368,8 @@ def _supervise(group: _WorkerGroup, deadline: float, timeout: float, run_dir: Pa
     group.kill(grace)
     _finish(group, grace)
     run = Run(run_dir, len(group.procs))
-    run.output = group.output
+    run.output, run.pids = group.output, group.pids
+    run.master_port = group.port
     if failed is not None:
         code = group.exit_codes[failed]
         tb = _last_traceback(group.output[failed])

@@ -36,6 +36,25 @@ class MetricsWriter:
         self._file.close()
 
 
+_REPORTERS: Dict[str, MetricsWriter] = {}
+
+
+def report(record: Dict[str, Any]) -> None:
+    """From a worker script: append ``record`` to this rank's file in the launch's run folder.
+
+    Demo scripts use it to hand results back to the notebook, where they show
+    up in ``Run.results(rank)``. Uses DDP_TUTORIAL_RUN_DIR and RANK (set by
+    ``launch``); without them it writes to ``runs/manual/rank0.jsonl``.
+    """
+    run_dir = os.environ.get("DDP_TUTORIAL_RUN_DIR", os.path.join("runs", "manual"))
+    rank = int(os.environ.get("RANK", 0))
+    key = f"{run_dir}:{rank}"
+    if key not in _REPORTERS:
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0
+        _REPORTERS[key] = MetricsWriter(run_dir, rank, fresh=not restart)
+    _REPORTERS[key].write({"kind": "result", "rank": rank, **record})
+
+
 def read_jsonl(path: Path) -> List[Dict[str, Any]]:
     """Records of one file; a torn last line (the writer died mid-line) is skipped."""
     records = []
@@ -67,6 +86,9 @@ class Run:
         self.events: Dict[int, List[Dict[str, Any]]] = {}
         self.output: Dict[int, List[str]] = {}
         self.wall_seconds: Optional[float] = None
+        self.pids: List[int] = []  # worker pids (filled in by ``launch``)
+        self.master_port: Optional[int] = None
+        self.exit_codes: Dict[int, Optional[int]] = {}
         self.reload()
         self.world_size = world_size if world_size is not None else len(self.ranks) or None
 
@@ -117,6 +139,17 @@ class Run:
         """Mean over ranks of the local loss, per micro-step (ranks that finished it)."""
         n = min((len(s) for s in self.steps.values()), default=0)
         return [sum(self.steps[r][i]["loss"] for r in self.ranks) / len(self.ranks) for i in range(n)]
+
+    def results(self, rank: int) -> List[Dict[str, Any]]:
+        """Records a demo script sent with ``metrics.report`` from ``rank``."""
+        return [rec for rec in self.events.get(rank, []) if rec.get("kind") == "result"]
+
+    def result(self, rank: int, key: str):
+        """The value of ``key`` in the last result of ``rank`` that has it (KeyError if none)."""
+        for rec in reversed(self.results(rank)):
+            if key in rec:
+                return rec[key]
+        raise KeyError(f"rank {rank} reported no {key!r} in {self.run_dir}")
 
     def model_path(self) -> Path:
         return self.run_dir / "model.pt"
