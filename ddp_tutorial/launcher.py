@@ -18,6 +18,7 @@ import atexit
 import importlib.util
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -105,7 +106,8 @@ def _describe_exit(code: int) -> str:
 def _last_traceback(lines: List[str], max_lines: int = 40) -> str:
     """The rank's last Python traceback, or the tail of its output."""
     for i in range(len(lines) - 1, -1, -1):
-        if lines[i].startswith("Traceback (most recent call last)"):
+        # torch prefixes a rank's uncaught exception with "[rankN]:"
+        if re.match(r"(\[rank\d+\]:\s*)?Traceback \(most recent call last\)", lines[i]):
             return "\n".join(lines[i:i + max_lines])
     return "\n".join(lines[-15:]) or "(no output)"
 
