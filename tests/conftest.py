@@ -1,0 +1,45 @@
+"""Shared fixtures: every test's runs go to a temporary folder, and orphan checks."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def runs_root(tmp_path, monkeypatch):
+    """Launches without run_dir write under this test's own folder."""
+    root = tmp_path / "runs"
+    monkeypatch.setenv("DDP_TUTORIAL_RUNS", str(root))
+    return root
+
+
+def processes_of_run(run_dir) -> list:
+    """Pids of live processes started for ``run_dir`` (found by their environment).
+
+    Independent of the launcher's own bookkeeping: it scans /proc for any
+    process, child or grandchild, whose DDP_TUTORIAL_RUN_DIR is this run's.
+    """
+    needle = f"DDP_TUTORIAL_RUN_DIR={Path(run_dir).resolve()}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if needle in env and state != b"Z":
+            found.append(int(entry))
+    return found
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False

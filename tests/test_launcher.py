@@ -1,0 +1,258 @@
+"""The launcher's fault contract: fail fast, deadlines, interrupts, no orphans, clear errors."""
+
+import _thread
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import ddp_tutorial
+from ddp_tutorial import LaunchConfigError, LaunchError, LaunchTimeout, WorkerError, launch
+from conftest import pid_alive, processes_of_run
+
+HERE = Path(__file__).parent
+SCRIPTS = HERE / "scripts"
+TINY = ["--dataset-size", "64", "--batch-size", "4", "--epochs", "1"]
+
+
+def wait_for(predicate, timeout: float, what: str):
+    """Poll ``predicate`` until true; fail the test after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_error_classes_share_launch_error():
+    for cls in (LaunchConfigError, WorkerError, LaunchTimeout):
+        assert issubclass(cls, LaunchError)
+    assert issubclass(LaunchConfigError, ValueError)
+    assert issubclass(LaunchTimeout, TimeoutError)
+
+
+def test_output_is_prefixed_per_rank_and_kept(capsys):
+    run = launch(str(SCRIPTS / "print_lines.py"), 2)
+    printed = capsys.readouterr().out.splitlines()
+    for rank in (0, 1):
+        assert run.output[rank] == [f"line {i} of rank {rank}" for i in range(3)]
+        assert f"[rank {rank}] line 2 of rank {rank}" in printed
+    assert run.exit_codes == {0: 0, 1: 0}
+    assert not processes_of_run(run.run_dir)
+
+
+def test_echo_rank0_shows_only_rank0(capsys):
+    launch(str(SCRIPTS / "print_lines.py"), 2, echo="rank0")
+    out = capsys.readouterr().out
+    assert "[rank 0] line 0 of rank 0" in out and "[rank 1]" not in out
+
+
+def test_failing_rank_stops_the_group_fast_and_keeps_its_metrics():
+    args = TINY + ["--fail-at-step", "5", "--fail-rank", "1", "--fail-mode", "raise"]
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        launch(ddp_tutorial.TRAIN_SCRIPT, 2, args, timeout=90)
+    elapsed = time.monotonic() - t0
+    err = info.value
+    assert err.rank == 1 and err.exit_code == 1
+    assert "RuntimeError: injected failure on rank 1 at step 5" in err.traceback
+    assert "rank 1" in str(err) and "exit code 1" in str(err) and "Traceback" in str(err)
+    # Fail-fast: far from the 90 s deadline (the launch itself takes a few seconds).
+    assert elapsed < 30
+    # Nothing lost: rank 1 finished steps 0..4 before it failed, flushed to disk.
+    assert [s["step"] for s in err.run.steps[1]] == [0, 1, 2, 3, 4]
+    assert not processes_of_run(err.run.run_dir)
+    assert not any(pid_alive(p) for p in err.run.pids)
+
+
+def test_nonzero_exit_is_reported_with_its_code():
+    args = TINY + ["--fail-at-step", "2", "--fail-rank", "0", "--fail-mode", "exit"]
+    with pytest.raises(WorkerError) as info:
+        launch(ddp_tutorial.TRAIN_SCRIPT, 2, args, timeout=90)
+    assert info.value.rank == 0 and info.value.exit_code == 3
+    assert "exit code 3" in str(info.value)
+    assert "injected failure (exit) at step 2" in info.value.traceback
+    assert not processes_of_run(info.value.run.run_dir)
+
+
+def test_hung_rank_becomes_launch_timeout_naming_ranks_and_steps():
+    args = TINY + ["--fail-at-step", "3", "--fail-rank", "1", "--fail-mode", "hang"]
+    t0 = time.monotonic()
+    with pytest.raises(LaunchTimeout) as info:
+        launch(ddp_tutorial.TRAIN_SCRIPT, 2, args, timeout=12)
+    elapsed = time.monotonic() - t0
+    err = info.value
+    assert 12 <= elapsed < 20
+    # rank 1 hangs before step 3; rank 0 finishes step 2 then waits in step 3's all-reduce.
+    assert err.still_running == {0: 2, 1: 2}
+    assert "rank 0 at step 2" in str(err) and "rank 1 at step 2" in str(err)
+    assert not processes_of_run(err.run.run_dir)
+
+
+def test_skipped_all_reduce_hangs_until_the_deadline():
+    with pytest.raises(LaunchTimeout) as info:
+        launch(str(SCRIPTS / "skip_allreduce.py"), 2, timeout=10)
+    err = info.value
+    assert set(err.still_running) == {0, 1}
+    assert not processes_of_run(err.run.run_dir)
+
+
+def test_wrong_world_size_times_out_in_init():
+    with pytest.raises(LaunchTimeout) as info:
+        launch(ddp_tutorial.scripts_path("hello.py"), 2, env={"WORLD_SIZE": "3"}, timeout=8)
+    assert info.value.still_running == {0: None, 1: None}
+    assert "before its first step" in str(info.value)
+    assert not processes_of_run(info.value.run.run_dir)
+
+
+def test_keyboard_interrupt_stops_all_workers_within_3s(runs_root):
+    run_dir = runs_root / "interrupted"
+    interrupted_at = {}
+
+    def interrupt_when_running():
+        # 2 ranks, each with one grandchild: interrupt once all four exist.
+        wait_for(lambda: len(processes_of_run(run_dir)) == 4, 60, "workers to start")
+        interrupted_at["t"] = time.monotonic()
+        _thread.interrupt_main()
+
+    thread = threading.Thread(target=interrupt_when_running, daemon=True)
+    thread.start()
+    with pytest.raises(KeyboardInterrupt):
+        launch(str(SCRIPTS / "sleep_forever.py"), 2, run_dir=run_dir, timeout=120)
+    stopped_in = time.monotonic() - interrupted_at["t"]
+    thread.join()
+    assert stopped_in < 3.0
+    assert not processes_of_run(run_dir)
+
+
+LAUNCH_IN_CHILD = """
+import sys, ddp_tutorial
+ddp_tutorial.launch(sys.argv[1], 2, run_dir=sys.argv[2], timeout=120)
+"""
+
+
+def start_launcher_process(run_dir):
+    """A separate Python process running launch(), like a notebook kernel; waits until ranks run."""
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCH_IN_CHILD, str(SCRIPTS / "sleep_forever.py"),
+                             str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    seen, end = "", time.monotonic() + 60
+    while seen.count("child ") < 2:
+        assert time.monotonic() < end, f"workers did not start: {seen}"
+        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+        if ready:
+            seen += os.read(proc.stdout.fileno(), 4096).decode()
+    return proc
+
+
+def test_sigint_to_the_kernel_process_stops_workers(runs_root):
+    run_dir = runs_root / "sigint"
+    proc = start_launcher_process(run_dir)
+    wait_for(lambda: len(processes_of_run(run_dir)) == 4, 10, "2 ranks and 2 grandchildren")
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)  # what Jupyter's stop button does
+    proc.wait(timeout=10)
+    assert time.monotonic() - t0 < 3.0
+    assert proc.returncode != 0
+    assert not processes_of_run(run_dir)
+
+
+def test_killed_kernel_leaves_no_orphans(runs_root):
+    run_dir = runs_root / "killed"
+    proc = start_launcher_process(run_dir)
+    proc.kill()  # SIGKILL: no Python cleanup runs in the launcher
+    proc.wait()
+    # The ranks die with their parent (PDEATHSIG); their grandchildren are in the
+    # ranks' process groups but not tied to the launcher, so look at ranks only.
+    wait_for(lambda: not [p for p in processes_of_run(run_dir) if _is_rank(p)], 5, "ranks to die")
+
+
+def _is_rank(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"_bootstrap.py" in f.read()
+    except FileNotFoundError:
+        return False
+
+
+CONCURRENT = """
+import sys, ddp_tutorial
+run = ddp_tutorial.launch(ddp_tutorial.scripts_path("hello.py"), 2, echo="none", timeout=120)
+print("PORT", run.master_port, "SUM", run.result(0, "all_reduce_sum"), run.result(1, "all_reduce_sum"))
+"""
+
+
+def test_three_concurrent_launches_from_separate_processes(runs_root):
+    procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(3)]
+    outputs = [p.communicate(timeout=180)[0] for p in procs]
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, out
+        assert "SUM 3.0 3.0" in out
+    ports = {line.split()[1] for out in outputs for line in out.splitlines() if line.startswith("PORT")}
+    assert len(ports) == 3
+    assert len(list(runs_root.iterdir())) == 3  # three run folders, nothing shared
+
+
+def test_each_launch_gets_its_own_run_folder_and_never_overwrites(runs_root):
+    a = launch(str(SCRIPTS / "print_lines.py"), 1, echo="none")
+    b = launch(str(SCRIPTS / "print_lines.py"), 1, echo="none")
+    assert a.run_dir != b.run_dir and a.run_dir.parent == b.run_dir.parent == runs_root.resolve()
+    (a.run_dir / "rank0.jsonl").write_text("{}\n")
+    with pytest.raises(LaunchConfigError, match="not empty"):
+        launch(str(SCRIPTS / "print_lines.py"), 1, run_dir=a.run_dir)
+
+
+@pytest.mark.parametrize("kwargs, args, message", [
+    ({"world_size": 0}, [], "world_size must be an integer >= 1"),
+    ({"world_size": -2}, [], "world_size must be an integer >= 1"),
+    ({"world_size": 2, "script": "no/such/script.py"}, [], "script not found"),
+    ({"world_size": 2, "script": "-m ddp_tutorial.no_such_module"}, [], "not found"),
+    ({"world_size": 2}, ["--accum-steps", "0"], "--accum-steps must be at least 1"),
+    ({"world_size": 2}, ["--batch-size", "0"], "--batch-size must be at least 1"),
+    ({"world_size": 4}, ["--dataset-size", "30", "--batch-size", "8"],
+     "smaller than world_size x batch size"),
+    ({"world_size": 2}, ["--epochs", "zero"], "bad training flags"),
+    ({"world_size": 2, "backend": "mpi"}, [], "backend must be"),
+])
+def test_bad_input_is_refused_before_anything_starts(runs_root, kwargs, args, message):
+    script = kwargs.pop("script", ddp_tutorial.TRAIN_SCRIPT)
+    t0 = time.monotonic()
+    with pytest.raises(LaunchConfigError, match=message):
+        launch(script, args=args, **kwargs)
+    assert time.monotonic() - t0 < 1.0  # no worker was started (each would cost seconds)
+    assert not runs_root.exists() or not any(runs_root.iterdir())
+
+
+def test_nccl_without_enough_gpus_is_refused(runs_root, monkeypatch):
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(LaunchConfigError, match="needs CUDA"):
+            launch(ddp_tutorial.TRAIN_SCRIPT, 2, backend="nccl")
+        with pytest.raises(LaunchConfigError, match="needs CUDA"):
+            launch(ddp_tutorial.TRAIN_SCRIPT, 2, ["--backend", "nccl"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(LaunchConfigError, match="only 1 GPU"):
+        launch(ddp_tutorial.TRAIN_SCRIPT, 2, backend="nccl")
+    assert not runs_root.exists() or not any(runs_root.iterdir())
+
+
+def test_hard_coded_port_in_use_fails_clearly(runs_root):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(WorkerError) as info:
+            launch(ddp_tutorial.scripts_path("hello.py"), 1, master_port=port, timeout=60)
+    assert "address already in use" in info.value.traceback.lower()
