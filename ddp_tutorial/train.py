@@ -19,6 +19,9 @@ The five steps: (1) ``init_process_group``, (2) ``wrap_model``,
 (5) ``teardown``. Each rank appends one JSON line per micro-step to
 ``<out>/rank<R>.jsonl``; rank 0 saves the final model to ``<out>/model.pt``.
 ``--bug NAME`` reproduces one mistake of the original demo, so it can be measured.
+``--checkpoint PATH`` resumes from PATH if it exists and saves there, so a run
+restarted by ``torchrun --max-restarts`` (or ``launch(max_restarts=...)``)
+continues from its last checkpoint and ends exactly where an uninterrupted run ends.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ if __package__ in (None, ""):  # run as a file path: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ddp_tutorial import config  # noqa: E402
+from ddp_tutorial.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from ddp_tutorial.metrics import MetricsWriter  # noqa: E402
 
 
@@ -157,18 +161,23 @@ def sync_schedule(num_batches: int, accum_steps: int, bug: bool = False):
 
 
 def train_epoch(model, loader, optimizer, loss_fn, epoch: int, env: DistEnv, args, state: dict,
-                metrics=None, timer=None):
+                metrics=None, timer=None, start_micro: int = 0):
     """Step 4: one epoch of gradient accumulation with ``no_sync``; returns the local losses.
 
     On the K-1 micro-batches that do not sync, forward *and* backward run
     inside ``model.no_sync()``: DDP decides in forward whether the coming
     backward all-reduces, so a forward outside the context skips nothing.
+    ``start_micro`` skips the micro-batches a resumed checkpoint already trained on.
     """
     bugs = set(args.bug)
     plan = sync_schedule(len(loader), args.accum_steps, bug="sync-schedule" in bugs)
     use_no_sync = isinstance(model, DDP)
     losses = []
     for i, (x, y) in enumerate(loader):
+        if i < start_micro:
+            # Already trained before the checkpoint. The sampler's order depends only on
+            # seed + epoch, so skipping here leaves exactly the samples that followed.
+            continue
         sync, window = plan[i]
         step = state["step"]
         maybe_fail(args, env, step)
@@ -207,7 +216,84 @@ def train_epoch(model, loader, optimizer, loss_fn, epoch: int, env: DistEnv, arg
                 "optimizer_s": t4 - t3, "step_s": t4 - t0,
                 "sync_s": sync_s, "sync_offset_s": sync_offset_s, "allreduce_calls": calls,
             })
+        if sync:  # only at the end of an accumulation window: no half-summed gradients to lose
+            maybe_save_checkpoint(model, optimizer, args, env, state, epoch, i + 1, len(loader), metrics)
     return losses
+
+
+# -- Checkpoint and resume ----------------------------------------------------
+def checkpoint_state(model, optimizer, args, env: DistEnv, state: dict, epoch: int,
+                     micro_done: int, num_batches: int) -> dict:
+    """What a checkpoint holds: model, optimizer (momentum), and where training stands.
+
+    ``micro_done`` micro-batches of ``epoch`` are trained; a finished epoch is
+    stored as the start of the next one.
+    """
+    if micro_done >= num_batches:
+        epoch, micro_done = epoch + 1, 0
+    module = model.module if isinstance(model, DDP) else model
+    return {"model": module.state_dict(), "optimizer": optimizer.state_dict(),
+            "epoch": epoch, "micro": micro_done, "step": state["step"],
+            "optimizer_steps": state["optimizer_steps"],
+            # The position in an epoch names the same samples only for the same split.
+            "world_size": env.world_size, "batch_size": args.batch_size,
+            "accum_steps": args.accum_steps, "dataset_size": args.dataset_size, "seed": args.seed}
+
+
+def maybe_save_checkpoint(model, optimizer, args, env: DistEnv, state: dict, epoch: int,
+                          micro_done: int, num_batches: int, metrics=None) -> None:
+    """After an optimizer step: rank 0 saves every ``--save-every`` steps and at epoch ends.
+
+    Every rank takes the same decision (same step counts), then waits at a
+    barrier, so no rank runs ahead of a checkpoint that is not yet on disk.
+    """
+    if not args.checkpoint:
+        return
+    due = bool(args.save_every) and state["optimizer_steps"] % args.save_every == 0
+    if not (due or micro_done >= num_batches):
+        return
+    saved = checkpoint_state(model, optimizer, args, env, state, epoch, micro_done, num_batches)
+    if env.rank == 0:
+        save_checkpoint(saved, args.checkpoint)  # atomic: tmp file, fsync, os.replace
+    if env.distributed:
+        dist.barrier()
+    if metrics is not None:
+        metrics.write({"kind": "checkpoint", "rank": env.rank, "attempt": state["attempt"],
+                       "step": state["step"], "epoch": saved["epoch"], "micro": saved["micro"],
+                       "optimizer_steps": state["optimizer_steps"]})
+
+
+def resume_from_checkpoint(model, optimizer, args, env: DistEnv, state: dict, metrics=None):
+    """Load ``--checkpoint`` if it exists; returns (epoch, micro-batches done in it) to start from.
+
+    Every rank loads the file itself, with ``map_location`` set to its own
+    device (a checkpoint written from ``cuda:0`` must not land on ``cuda:0`` everywhere).
+
+    Raises:
+        ValueError: the checkpoint was made with another world size, batch size, K or dataset.
+    """
+    saved = load_checkpoint(args.checkpoint, map_location=env.device)
+    if saved is None:
+        return 0, 0
+    now = {"world_size": env.world_size, "batch_size": args.batch_size,
+           "accum_steps": args.accum_steps, "dataset_size": args.dataset_size, "seed": args.seed}
+    differ = {k: (saved[k], v) for k, v in now.items() if saved[k] != v}
+    if differ:
+        raise ValueError(f"checkpoint {args.checkpoint} was made with different settings "
+                         f"(saved, now): {differ}; its position in the epoch would name other "
+                         "samples. Resume with the same settings, or start from a new --checkpoint")
+    module = model.module if isinstance(model, DDP) else model
+    module.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    state["step"], state["optimizer_steps"] = saved["step"], saved["optimizer_steps"]
+    if metrics is not None:
+        metrics.write({"kind": "resume", "rank": env.rank, "attempt": state["attempt"],
+                       "step": saved["step"], "epoch": saved["epoch"], "micro": saved["micro"],
+                       "optimizer_steps": saved["optimizer_steps"], "checkpoint": str(args.checkpoint)})
+    if env.rank == 0:
+        print(f"resumed from {args.checkpoint} (attempt {state['attempt']}): epoch {saved['epoch']}, "
+              f"{saved['micro']} micro-batches done in it, step {saved['step']}", flush=True)
+    return saved["epoch"], saved["micro"]
 
 
 def backward(out, y, x, loss_fn, window: int, bugs: set):
@@ -230,8 +316,14 @@ def straggle(args, state: dict) -> None:
 
 
 def maybe_fail(args, env: DistEnv, step: int) -> None:
-    """Fault injection for the launcher's tests and the notebooks' error demos."""
+    """Fault injection for the launcher's tests and the notebooks' error demos.
+
+    Fires on the first attempt only (TORCHELASTIC_RESTART_COUNT 0), like a
+    transient fault: a restarted group gets past the step.
+    """
     if args.fail_at_step is None or step != args.fail_at_step or env.rank != args.fail_rank:
+        return
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
         return
     print(f"injected failure ({args.fail_mode}) at step {step}", flush=True)
     if args.fail_mode == "raise":
@@ -370,6 +462,7 @@ def run_training(args, env: DistEnv) -> int:
     metrics = None if args.no_metrics else MetricsWriter(args.out, env.rank, fresh=attempt == 0)
     state = {"step": 0, "optimizer_steps": 0, "attempt": attempt,
              "rng": random.Random(args.seed * 7919 + env.rank)}
+    start_epoch, start_micro = resume_from_checkpoint(model, optimizer, args, env, state, metrics)
     n = len(loader)
     if n % args.accum_steps and env.rank == 0:
         print(f"note: {n} micro-batches per epoch is not a multiple of K={args.accum_steps}; "
@@ -380,10 +473,12 @@ def run_training(args, env: DistEnv) -> int:
               + (f", bugs={sorted(bugs)}" if bugs else ""), flush=True)
     loss_fn = nn.MSELoss()
     t_train = time.perf_counter()
-    for epoch in range(args.epochs):
+    losses = []
+    for epoch in range(start_epoch, args.epochs):
         if "no-set-epoch" not in bugs:
             sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-        losses = train_epoch(model, loader, optimizer, loss_fn, epoch, env, args, state, metrics, timer)
+        losses = train_epoch(model, loader, optimizer, loss_fn, epoch, env, args, state, metrics, timer,
+                             start_micro=start_micro if epoch == start_epoch else 0)
         if env.rank == 0:
             print(f"epoch {epoch}: mean local loss {sum(losses) / max(len(losses), 1):.4f}, "
                   f"{state['optimizer_steps']} optimizer steps so far", flush=True)
@@ -397,12 +492,12 @@ def run_training(args, env: DistEnv) -> int:
         metrics.write({"kind": "summary", "rank": env.rank, "world_size": env.world_size,
                        "backend": env.backend, "device": str(env.device), "bugs": sorted(bugs),
                        "micro_steps": state["step"], "optimizer_steps": state["optimizer_steps"],
-                       "train_seconds": wall, "param_checksum": param_checksum(module),
+                       "train_seconds": wall, "threads": torch.get_num_threads(), "param_checksum": param_checksum(module),
                        "ddp_logging": ddp_logging(model)})
         metrics.close()
     sync_ms = timer.total_s * 1e3 if timer else 0.0
     print(f"done: {state['step']} micro-steps, {state['optimizer_steps']} optimizer steps, "
-          f"final loss {losses[-1]:.4f}, {wall:.2f} s, of which sync {sync_ms:.0f} ms", flush=True)
+          f"final loss {losses[-1] if losses else float('nan'):.4f}, {wall:.2f} s, of which sync {sync_ms:.0f} ms", flush=True)
     return 0
 
 
