@@ -1,0 +1,337 @@
+"""Notebook-facing helpers of lessons 03-05: the sampler, no_sync accumulation, teardown.
+
+Each notebook cell calls one of these; they launch the lesson scripts, and turn
+a ``Run`` into the numbers the notebooks print and assert. Importing this
+module imports no torch (``params_match`` and ``show_sync_schedule`` import it when called).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import socket
+import statistics
+from typing import Dict, Iterator, List, Optional, Sequence
+
+from ddp_tutorial.launcher import TRAIN_SCRIPT, launch, scripts_path
+from ddp_tutorial.metrics import Run
+
+SAMPLER_SCRIPT = scripts_path("sampler_demo.py")
+TEARDOWN_SCRIPT = scripts_path("teardown_demo.py")
+
+
+# -- Lesson 03: DistributedSampler ----------------------------------------------
+def run_sampler_demo(world_size: int = 4, dataset_size: int = 24, epochs: int = 3,
+                     padding_size: int = 10, echo: str = "rank0", timeout: float = 60.0) -> Run:
+    """Launch ``sampler_demo.py``: each rank reports its orders, padding and data fingerprints.
+
+    Args:
+        world_size: number of ranks.
+        dataset_size: samples in the dataset whose per-epoch orders are shown.
+        epochs: epochs to draw orders for.
+        padding_size: samples in the dataset of the padding example (not divisible by ``world_size``).
+        echo: which ranks' output to print.
+        timeout: seconds before the launch counts as hung.
+    """
+    return launch(SAMPLER_SCRIPT, world_size, ["--dataset-size", dataset_size, "--epochs", epochs,
+                                               "--padding-size", padding_size],
+                  echo=echo, timeout=timeout)
+
+
+def sampler_orders(run: Run, set_epoch: bool = True) -> List[Dict[int, List[int]]]:
+    """Per epoch, rank -> the sample indices its sampler yielded, in order."""
+    key = "orders_set_epoch" if set_epoch else "orders_no_set_epoch"
+    per_rank = {rank: run.result(rank, key) for rank in run.ranks}
+    epochs = len(per_rank[run.ranks[0]])
+    return [{rank: per_rank[rank][epoch] for rank in run.ranks} for epoch in range(epochs)]
+
+
+def orders_repeat(orders: Sequence[Dict[int, List[int]]]) -> bool:
+    """True if every epoch hands every rank exactly the order of epoch 0."""
+    return all(epoch == orders[0] for epoch in orders[1:])
+
+
+def shards_partition(orders: Sequence[Dict[int, List[int]]], dataset_size: int) -> List[bool]:
+    """Per epoch: are the ranks' index sets disjoint, and together the whole dataset?"""
+    result = []
+    for epoch in orders:
+        everything = [i for indices in epoch.values() for i in indices]
+        result.append(len(everything) == len(set(everything)) and set(everything) == set(range(dataset_size)))
+    return result
+
+
+def print_orders(orders: Sequence[Dict[int, List[int]]], title: str) -> None:
+    """One line per (epoch, rank): the indices in the order the rank sees them."""
+    print(title)
+    for epoch, per_rank in enumerate(orders):
+        for rank, indices in per_rank.items():
+            print(f"  epoch {epoch} rank {rank}: {indices}")
+
+
+def padding_report(run: Run) -> Dict[str, object]:
+    """What the sampler does with a dataset the world size does not divide.
+
+    Returns:
+        ``dataset_size``, ``world_size``, per-rank indices with ``drop_last=False``
+        (``kept``) and ``drop_last=True`` (``dropped_run``), the number of
+        ``duplicated`` samples (seen twice in one epoch) and of ``dropped`` samples
+        (never seen), and what the sampler's arithmetic predicts for both.
+    """
+    pads = {rank: run.result(rank, "padding") for rank in run.ranks}
+    size, world_size = pads[run.ranks[0]]["dataset_size"], len(run.ranks)
+    kept = {rank: p["drop_last_false"] for rank, p in pads.items()}
+    trimmed = {rank: p["drop_last_true"] for rank, p in pads.items()}
+    kept_all = [i for indices in kept.values() for i in indices]
+    trimmed_all = [i for indices in trimmed.values() for i in indices]
+    return {
+        "dataset_size": size, "world_size": world_size,
+        "kept": kept, "drop_last": trimmed,
+        "duplicated": len(kept_all) - len(set(kept_all)),
+        "missing_with_padding": size - len(set(kept_all)),
+        "dropped": size - len(set(trimmed_all)),
+        "duplicated_in_drop_last": len(trimmed_all) - len(set(trimmed_all)),
+        # DistributedSampler: ceil(N / W) per rank, padded with repeats; or floor(N / W) with drop_last
+        "expected_duplicated": math.ceil(size / world_size) * world_size - size,
+        "expected_dropped": size - (size // world_size) * world_size,
+    }
+
+
+def print_padding(report: Dict[str, object]) -> None:
+    """The padding example as a small table, one line per rank."""
+    size, world_size = report["dataset_size"], report["world_size"]
+    print(f"{size} samples over {world_size} ranks")
+    for rank in report["kept"]:
+        print(f"  rank {rank}: drop_last=False -> {report['kept'][rank]!s:<14} "
+              f"drop_last=True -> {report['drop_last'][rank]}")
+    print(f"drop_last=False: every rank gets ceil({size}/{world_size}) = {math.ceil(size / world_size)}; "
+          f"{report['duplicated']} sample(s) appear twice this epoch")
+    print(f"drop_last=True:  every rank gets floor({size}/{world_size}) = {size // world_size}; "
+          f"{report['dropped']} sample(s) are never seen this epoch")
+
+
+def dataset_fingerprints(run: Run, per_rank_bug: bool) -> Dict[int, Dict[str, object]]:
+    """rank -> digest, first input row and input sum of the dataset that rank built."""
+    key = "data_per_rank" if per_rank_bug else "data_shared"
+    return {rank: run.result(rank, key) for rank in run.ranks}
+
+
+def print_fingerprints(run: Run) -> None:
+    """Side by side: the dataset each rank builds with one shared seed, and with per-rank data."""
+    for per_rank_bug, label in ((False, "shared seed (train.make_dataset)"),
+                                (True, "per-rank random data (the original demo)")):
+        print(label)
+        for rank, fp in dataset_fingerprints(run, per_rank_bug).items():
+            print(f"  rank {rank}: digest {fp['digest']}  sum of inputs {fp['input_sum']:>9.4f}  "
+                  f"sample 0 starts {fp['first_row']}")
+
+
+def distinct_datasets(run: Run, per_rank_bug: bool) -> int:
+    """How many different datasets the ranks built (1 means they share one)."""
+    return len({fp["digest"] for fp in dataset_fingerprints(run, per_rank_bug).values()})
+
+
+# -- Lesson 04: no_sync and gradient accumulation -------------------------------
+def train_args(accum_steps: int, *extra, batch_size: int = 4, dataset_size: int = 256,
+               straggler_ms: float = 0.0, epochs: int = 1) -> List[str]:
+    """Flags for ``train.py``: a tiny run of ``epochs`` over ``dataset_size`` samples."""
+    args = ["--epochs", epochs, "--dataset-size", dataset_size, "--batch-size", batch_size,
+            "--accum-steps", accum_steps, "--straggler-ms", straggler_ms, *extra]
+    return [str(a) for a in args]
+
+
+def train(world_size: int, args: Sequence[str], echo: str = "rank0", timeout: float = 120.0) -> Run:
+    """Launch ``train.py`` on ``world_size`` ranks with ``args``."""
+    return launch(TRAIN_SCRIPT, world_size, args, echo=echo, timeout=timeout)
+
+
+def num_buckets(run: Run, rank: int = 0) -> int:
+    """Gradient buckets DDP all-reduces per sync (after its first-iteration rebuild).
+
+    DDP caps its first bucket at 1 MB until it rebuilds the buckets after the
+    first backward, so with a small ``--bucket-cap-mb`` the first sync may use
+    fewer buckets than the later ones; with the default cap this model has one.
+    """
+    logging = run.summaries[rank]["ddp_logging"]
+    sizes = logging.get("rebuilt_bucket_sizes") or logging.get("bucket_sizes")
+    return len([s for s in str(sizes).split(",") if s.strip()])
+
+
+def allreduce_table(runs: Dict[str, Run], rank: int = 0) -> List[Dict[str, object]]:
+    """Per run: micro-steps, optimizer steps, bucket all-reduces, and all-reduces per optimizer step."""
+    rows = []
+    for label, run in runs.items():
+        calls, opt_steps = run.allreduce_calls(rank), run.optimizer_steps(rank)
+        rows.append({"run": label, "micro_steps": len(run.steps[rank]), "optimizer_steps": opt_steps,
+                     "allreduces": calls, "buckets": num_buckets(run, rank),
+                     "allreduces_per_optimizer_step": calls / opt_steps})
+    return rows
+
+
+def print_table(rows: List[Dict[str, object]]) -> None:
+    """Rows of dicts as aligned columns."""
+    keys = list(rows[0])
+    widths = {k: max(len(k), *(len(_fmt(r[k])) for r in rows)) for k in keys}
+    print("  ".join(k.rjust(widths[k]) for k in keys))
+    for r in rows:
+        print("  ".join(_fmt(r[k]).rjust(widths[k]) for k in keys))
+
+
+def _fmt(value) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def optimizer_step_micros(run: Run, rank: int = 0) -> List[int]:
+    """Micro-batch indices (within the epoch) after which ``rank`` stepped the optimizer."""
+    return [rec["micro"] for rec in run.steps[rank] if rec["optimizer_step"]]
+
+
+def planned_step_micros(num_batches: int, accum_steps: int, bug: bool = False) -> List[int]:
+    """Micro-batch indices after which ``train.sync_schedule`` plans an optimizer step."""
+    from ddp_tutorial.train import sync_schedule
+
+    return [i for i, (sync, _) in enumerate(sync_schedule(num_batches, accum_steps, bug)) if sync]
+
+
+def show_sync_schedule(num_batches: int, accum_steps: int) -> None:
+    """The plan of ``train.sync_schedule`` with and without the original's off-by-one."""
+    from ddp_tutorial.train import sync_schedule
+
+    for bug in (True, False):
+        plan = sync_schedule(num_batches, accum_steps, bug)
+        marks = "".join("S" if sync else "." for sync, _ in plan)
+        print(f"{'original (i % K == 0)' if bug else 'fixed (last of each K)':<24} {marks}   "
+              f"steps after micro-batches {planned_step_micros(num_batches, accum_steps, bug)}")
+    print("S = sync and optimizer step, . = accumulate under no_sync")
+
+
+def params_match(state_a, state_b, atol: float = 1e-5) -> bool:
+    """Do two state_dicts hold the same tensors, up to ``atol``?"""
+    import torch
+
+    return state_a.keys() == state_b.keys() and all(
+        torch.allclose(state_a[k], state_b[k], atol=atol) for k in state_a)
+
+
+def max_param_difference(state_a, state_b) -> float:
+    """Largest absolute difference between matching tensors of two state_dicts."""
+    return max(float((state_a[k] - state_b[k]).abs().max()) for k in state_a)
+
+
+def sync_seconds_per_micro_step(run: Run, rank: Optional[int] = None) -> float:
+    """Total sync time over all micro-steps (of ``rank``, or of every rank), per micro-step."""
+    ranks = run.ranks if rank is None else [rank]
+    total = sum(s["sync_s"] for r in ranks for s in run.steps[r])
+    return total / sum(len(run.steps[r]) for r in ranks)
+
+
+def straggler_wait_seconds(run: Run) -> float:
+    """The wait the straggler delays alone force, summed over sync steps (no all-reduce cost).
+
+    At each sync the ranks meet; the delay a rank has built up since the last
+    sync is the sum of its sleeps in that window, and every rank waits for the
+    largest. With K micro-steps per window, delays of opposite sign cancel
+    inside the window, so this never exceeds the K=1 figure for the same delays.
+    """
+    total, since_sync = 0.0, {r: 0.0 for r in run.ranks}
+    for records in zip(*(run.steps[r] for r in run.ranks)):
+        for rec in records:
+            since_sync[rec["rank"]] += rec["straggler_s"]
+        if records[0]["allreduce_calls"]:  # the ranks met in an all-reduce here
+            slowest = max(since_sync.values())
+            total += sum(slowest - d for d in since_sync.values())
+            since_sync = {r: 0.0 for r in run.ranks}
+    return total
+
+
+def sync_alignment(run: Run) -> Dict[str, float]:
+    """Over the steps that all-reduced: median spread between ranks of sync start and of sync end (ms).
+
+    The ranks reach the all-reduce at different times (arrival) but leave it
+    together (departure): the all-reduce ends when the slowest rank joins.
+    """
+    arrival, departure = [], []
+    for records in zip(*(run.steps[r] for r in run.ranks)):
+        if any(rec["sync_offset_s"] is None for rec in records):  # no all-reduce in this step
+            continue
+        starts = [rec["t_start"] + rec["sync_offset_s"] for rec in records]
+        ends = [start + rec["sync_s"] for start, rec in zip(starts, records)]
+        arrival.append(max(starts) - min(starts))
+        departure.append(max(ends) - min(ends))
+    return {"median_arrival_spread_ms": 1e3 * statistics.median(arrival),
+            "median_departure_spread_ms": 1e3 * statistics.median(departure),
+            "sync_steps": len(arrival)}
+
+
+# -- Lesson 05: teardown ---------------------------------------------------------
+def run_teardown_demo(world_size: int = 2, echo: str = "all", timeout: float = 60.0) -> Run:
+    """Launch ``teardown_demo.py``: init twice, destroy, init again, on every rank."""
+    return launch(TEARDOWN_SCRIPT, world_size, echo=echo, timeout=timeout)
+
+
+def teardown_results(run: Run) -> Dict[int, Dict[str, object]]:
+    """rank -> what ``teardown_demo.py`` reported."""
+    return {rank: run.results(rank)[-1] for rank in run.ranks}
+
+
+def worker_alive(pid: int) -> bool:
+    """Is ``pid`` still a running launcher worker (not just any process that reused the pid)?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process now has this pid
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"_bootstrap.py" in f.read()
+    except OSError:  # no /proc (not Linux) or it just exited: trust os.kill
+        return True
+
+
+def port_can_be_bound(port: int, host: str = "127.0.0.1") -> bool:
+    """Can a new server listen on ``port`` now, as the next rendezvous store would?
+
+    SO_REUSEADDR, as TCPStore sets it: closed connections lingering in
+    TIME_WAIT do not block a new listener, a process still listening does.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            s.listen()
+        except OSError:
+            return False
+    return True
+
+
+def leftovers(run: Run) -> Dict[str, object]:
+    """After a launch: worker pids still alive, and whether its master port is free again."""
+    return {"pids": list(run.pids), "alive_pids": [pid for pid in run.pids if worker_alive(pid)],
+            "master_port": run.master_port, "port_free": port_can_be_bound(run.master_port)}
+
+
+@contextlib.contextmanager
+def hold_port(host: str = "127.0.0.1") -> Iterator[int]:
+    """Listen on a free port for the duration of the ``with`` block, as a job that still runs would."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def launch_on_taken_port(script: str = TEARDOWN_SCRIPT, timeout: float = 30.0):
+    """Launch one rank with ``master_port`` set to a port another program listens on.
+
+    This is the original demo's hard-coded ``MASTER_PORT = "12345"`` when an
+    earlier job still holds 12345. Returns the ``WorkerError``, or None if the
+    launch unexpectedly succeeded.
+    """
+    from ddp_tutorial.launcher import WorkerError
+
+    with hold_port() as port:
+        try:
+            launch(script, 1, master_port=port, timeout=timeout, echo="none")
+        except WorkerError as error:
+            return error
+    return None
