@@ -103,6 +103,12 @@ def _describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
+def _port_taken(text: str) -> bool:
+    """Whether a rank failed because its MASTER_PORT was taken (TCPStore: EADDRINUSE)."""
+    text = text.lower()
+    return "eaddrinuse" in text or "address already in use" in text
+
+
 def _last_traceback(lines: List[str], max_lines: int = 40) -> str:
     """The rank's last Python traceback, or the tail of its output."""
     for i in range(len(lines) - 1, -1, -1):
@@ -328,7 +334,7 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
             output, exit_codes = _supervise(group, deadline, timeout, run_dir, grace)
             break
         except WorkerError as exc:
-            if master_port is None and port_retries < 2 and "Address already in use" in exc.traceback:
+            if master_port is None and port_retries < 2 and _port_taken(exc.traceback):
                 port_retries += 1  # another program took the port between our pick and its bind
                 print(f"[launch] port {port} was taken meanwhile; retrying on a new port", flush=True)
                 continue

@@ -1,0 +1,254 @@
+"""Notebook helpers for the overview and for steps 1 and 2 (init, DDP wrap).
+
+Each helper launches a lesson script from ``ddp_tutorial/scripts`` or turns a
+``Run`` into tidy rows, so a notebook cell stays one call. No torch is imported here.
+
+    sweep = init_sweep((1, 2, 4))                 # notebook 01: init time vs world size
+    run = run_wrap_demo()                         # notebook 02: broadcast, gradients, buckets
+    rows = bucket_rows(run)
+"""
+
+from __future__ import annotations
+
+import ast
+import socket
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+from ddp_tutorial import config
+from ddp_tutorial.launcher import LaunchError, WorkerError, launch, scripts_path
+
+INIT_SCRIPT = scripts_path("init_demo.py")
+WRAP_SCRIPT = scripts_path("wrap_demo.py")
+
+
+# -- Notebook 00: the original demo's mistakes --------------------------------
+@dataclass(frozen=True)
+class Mistake:
+    """One mistake of the original demo and the notebook that measures it."""
+
+    name: str
+    what: str
+    notebooks: str
+
+
+#: Mistakes that are not ``--bug`` flags of train.py, because they are about the launch.
+LAUNCH_MISTAKES = {
+    "hard-coded-port": ("MASTER_PORT=12345 for every run, so two jobs at once collide", "01, 05"),
+    "default-threads": ("8 processes with torch's default thread count each, on a small machine", "01"),
+}
+
+#: Which notebook measures each ``--bug`` of train.py.
+BUG_NOTEBOOKS = {
+    "forward-outside-no-sync": "04",
+    "sync-schedule": "04",
+    "loss-not-scaled": "04",
+    "per-rank-data": "03",
+    "no-set-epoch": "03",
+    "random-labels": "00, 04",
+}
+
+
+def mistakes() -> List[Mistake]:
+    """Every mistake of the original demo, from ``config.BUGS`` plus the launch ones."""
+    rows = [Mistake(name, what, BUG_NOTEBOOKS[name]) for name, what in config.BUGS.items()]
+    rows += [Mistake(name, what, nbs) for name, (what, nbs) in LAUNCH_MISTAKES.items()]
+    return rows
+
+
+def format_mistakes(rows: Optional[Sequence[Mistake]] = None) -> str:
+    """The mistakes as an aligned text table (name, measured in notebook, what goes wrong)."""
+    rows = mistakes() if rows is None else rows
+    width = max(len(m.name) for m in rows)
+    lines = [f"{'mistake':<{width}}  notebook  what goes wrong"]
+    lines += [f"{m.name:<{width}}  {m.notebooks:<8}  {m.what}" for m in rows]
+    return "\n".join(lines)
+
+
+# -- Shared: per-rank results of a lesson script --------------------------------
+def rank_results(run, part: Optional[str] = None) -> Dict[int, List[dict]]:
+    """Per rank, the records its script reported (only those of ``part``, if given)."""
+    return {rank: [rec for rec in run.results(rank) if part is None or rec.get("part") == part]
+            for rank in range(run.world_size)}
+
+
+# -- Notebook 01: init_process_group -------------------------------------------
+def run_init_demo(world_size: int, threads: int = 1, echo: str = "none", **launch_kwargs):
+    """Launch ``init_demo.py`` (time init, all_reduce rank + 1) and return its ``Run``.
+
+    Args:
+        world_size: number of ranks.
+        threads: torch threads per rank (0: torch's default).
+        echo: which ranks' output to print.
+        **launch_kwargs: passed to ``launch`` (e.g. ``timeout``, ``env``, ``master_port``).
+    """
+    launch_kwargs.setdefault("timeout", 60)
+    return launch(INIT_SCRIPT, world_size, ["--threads", str(threads)], echo=echo, **launch_kwargs)
+
+
+def init_rows(run) -> List[dict]:
+    """One row per rank: its init time split into waiting for peers and setting up.
+
+    ``wait_s`` runs from this rank's call to the last rank's call (nobody can
+    finish before everyone has arrived); ``setup_s`` from that last arrival to
+    this rank's return: the store handshake and the backend's connections.
+    """
+    results = {rank: recs[-1] for rank, recs in rank_results(run).items()}
+    last_arrival = max(r["arrive_time"] for r in results.values())
+    rows = []
+    for rank, r in sorted(results.items()):
+        rows.append({"rank": rank, "world_size": r["world_size"], "init_s": r["init_s"],
+                     "wait_s": last_arrival - r["arrive_time"], "setup_s": r["done_time"] - last_arrival,
+                     "all_reduce_sum": r["all_reduce_sum"], "torch_threads": r["torch_threads"],
+                     "default_threads": r["default_threads"], "cpu_count": r["cpu_count"]})
+    return rows
+
+
+def init_sweep(world_sizes: Sequence[int] = (1, 2, 4), echo: str = "none") -> Dict[int, List[dict]]:
+    """Run ``init_demo.py`` once per world size; per world size, the ``init_rows``."""
+    return {w: init_rows(run_init_demo(w, echo=echo)) for w in world_sizes}
+
+
+def format_init_sweep(sweep: Dict[int, List[dict]]) -> str:
+    """One line per rank and world size: all_reduce result and init time."""
+    lines = []
+    for world_size, rows in sweep.items():
+        expected = world_size * (world_size + 1) // 2
+        for r in rows:
+            lines.append(f"world_size {world_size}, rank {r['rank']}: all_reduce(rank + 1) = "
+                         f"{r['all_reduce_sum']:g} (sum = {expected}); init {r['init_s'] * 1e3:6.1f} ms = "
+                         f"wait {r['wait_s'] * 1e3:6.1f} + setup {r['setup_s'] * 1e3:5.1f}")
+    return "\n".join(lines)
+
+
+def format_threads(rows: List[dict]) -> str:
+    """Per rank of one ``init_rows`` result: threads it runs, torch's default, CPUs; then totals."""
+    lines = [f"rank {r['rank']}: runs {r['torch_threads']} torch thread(s); torch's default would be "
+             f"{r['default_threads']}; the machine has {r['cpu_count']} CPU(s)" for r in rows]
+    lines.append(f"{len(rows)} ranks with torch's default: {sum(r['default_threads'] for r in rows)} threads "
+                 f"for {rows[0]['cpu_count']} CPU(s); with the launcher's setting: "
+                 f"{sum(r['torch_threads'] for r in rows)}")
+    return "\n".join(lines)
+
+def launch_wrong_world_size(world_size: int = 2, claimed: int = 3, timeout: float = 6.0):
+    """Start ``world_size`` ranks that each believe WORLD_SIZE is ``claimed``: init waits for
+    ranks that never come, so the launch ends in ``LaunchTimeout`` after ``timeout`` s."""
+    return run_init_demo(world_size, echo="all", env={"WORLD_SIZE": str(claimed)}, timeout=timeout)
+
+
+def ranks_stuck_in_init(err: LaunchError) -> List[int]:
+    """Ranks whose output shows they called init_process_group and never returned from it."""
+    return [rank for rank, lines in sorted(err.run.output.items())
+            if any("calling init_process_group" in line for line in lines)
+            and not any("init_process_group returned" in line for line in lines)]
+
+
+def port_clash(world_size: int = 2, timeout: float = 60.0):
+    """Launch with ``master_port`` fixed to a port another program already listens on.
+
+    A plain listening socket stands in for another job's store (like a second
+    run of the original demo on its hard-coded 12345). Rank 0 cannot host the
+    store there, so the launch fails fast.
+
+    Returns:
+        (port, the ``WorkerError`` raised by ``launch``).
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other_job:
+        other_job.bind(("127.0.0.1", 0))
+        other_job.listen()
+        port = other_job.getsockname()[1]
+        try:
+            run_init_demo(world_size, master_port=port, timeout=timeout)
+        except WorkerError as err:
+            return port, err
+    raise RuntimeError(f"the launch on port {port}, already taken, did not fail")
+
+
+def is_address_in_use(err: WorkerError) -> bool:
+    """Whether a rank failed because its port was taken (EADDRINUSE)."""
+    text = err.traceback.lower()
+    return "address already in use" in text or "eaddrinuse" in text
+
+
+# -- Notebook 02: DDP(model) ---------------------------------------------------
+def run_wrap_demo(world_size: int = 2, bucket_caps: Sequence[float] = (25, 1, 0.5, 0.25, 0.1),
+                  echo: str = "rank0", **launch_kwargs):
+    """Launch ``wrap_demo.py``: broadcast at construction, gradient averaging, buckets.
+
+    Args:
+        world_size: number of ranks.
+        bucket_caps: ``bucket_cap_mb`` values to try on the deep model.
+        echo: which ranks' output to print.
+        **launch_kwargs: passed to ``launch`` (e.g. ``timeout``, ``run_dir``).
+    """
+    launch_kwargs.setdefault("timeout", 120)
+    args = ["--bucket-caps", *[str(c) for c in bucket_caps]]
+    return launch(WRAP_SCRIPT, world_size, args, echo=echo, **launch_kwargs)
+
+
+def broadcast_rows(run) -> List[dict]:
+    """Per rank: parameter checksum and digest before and after ``DDP(model)``."""
+    return [{"rank": rank, **{k: v for k, v in recs[-1].items() if k not in ("kind", "rank", "part")}}
+            for rank, recs in rank_results(run, "broadcast").items()]
+
+
+def format_broadcast(rows: List[dict]) -> str:
+    """One line per rank: checksum and short digest before and after the wrap."""
+    return "\n".join(f"rank {r['rank']}: checksum before {r['checksum_before']:+.6f} "
+                     f"(digest {r['digest_before'][:12]}), after {r['checksum_after']:+.6f} "
+                     f"(digest {r['digest_after'][:12]})" for r in rows)
+
+
+def gradient_check(run) -> dict:
+    """Rank 0's comparison of the DDP gradient with one process on the whole batch,
+    plus every rank's gradient checksum (they must agree: all ranks hold the average)."""
+    per_rank = rank_results(run, "gradient")
+    check = {k: v for k, v in per_rank[0][-1].items() if k not in ("kind", "rank", "part")}
+    check["grad_checksums"] = [recs[-1]["grad_checksum"] for _, recs in sorted(per_rank.items())]
+    return check
+
+
+def bucket_rows(run, model: str = "deep", rank: int = 0) -> List[dict]:
+    """Per ``bucket_cap_mb`` tried on ``model`` ("deep" or "Model"): buckets and all-reduces.
+
+    ``allreduces_first`` counts the first backward (DDP's initial buckets);
+    ``allreduces_per_step`` the later ones, after DDP rebuilt its buckets in
+    the order the gradients became ready.
+    """
+    rows = []
+    for rec in rank_results(run, "buckets")[rank]:
+        if rec["model"] != model:
+            continue
+        later = rec["allreduces_per_step"][1:]
+        rows.append({"bucket_cap_mb": rec["bucket_cap_mb"], "param_bytes": rec["param_bytes"],
+                     "bucket_sizes": rec["bucket_sizes"], "rebuilt_bucket_sizes": rec["rebuilt_bucket_sizes"],
+                     "num_buckets": len(rec["rebuilt_bucket_sizes"]),
+                     "allreduces_first": rec["allreduces_per_step"][0],
+                     "allreduces_per_step": later[-1] if later else rec["allreduces_per_step"][0],
+                     "allreduces_all_steps": rec["allreduces_per_step"]})
+    return rows
+
+
+def format_buckets(rows: List[dict]) -> str:
+    """One line per bucket cap: bucket count, sizes in KiB, all-reduces of each backward."""
+    lines = []
+    for r in rows:
+        sizes = ", ".join(f"{s / 1024:.0f}" for s in r["rebuilt_bucket_sizes"])
+        lines.append(f"bucket_cap_mb={r['bucket_cap_mb']:<5g} {r['num_buckets']} bucket(s) [{sizes}] KiB; "
+                     f"all-reduces per backward: {r['allreduces_all_steps']}")
+    return "\n".join(lines)
+
+
+# -- Shared: show a lesson script's code without running it in the kernel -------
+def script_source(path: str, name: str) -> str:
+    """The source of function ``name`` in the script file ``path``, read, not imported.
+
+    Importing a lesson script would import torch (and run its top-level code) in
+    the notebook kernel; reading it costs nothing.
+    """
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            return ast.get_source_segment(text, node)
+    raise ValueError(f"no function {name!r} in {path}")

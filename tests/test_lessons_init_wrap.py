@@ -1,0 +1,117 @@
+"""The lesson scripts of notebooks 01 and 02, checked through real launches.
+
+One launch per script is shared by the tests of that script (module-scoped fixtures).
+"""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+
+import ddp_tutorial  # noqa: E402
+from ddp_tutorial import config, plots  # noqa: E402
+from ddp_tutorial import lessons_init_wrap as lessons  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def init_rows(tmp_path_factory):
+    run = lessons.run_init_demo(2, run_dir=tmp_path_factory.mktemp("init"))
+    return lessons.init_rows(run)
+
+
+@pytest.fixture(scope="module")
+def wrap_run(tmp_path_factory):
+    return lessons.run_wrap_demo(2, bucket_caps=(25, 0.5, 0.1), echo="none", timeout=180,
+                                 run_dir=tmp_path_factory.mktemp("wrap"))
+
+
+# -- init_demo.py ----------------------------------------------------------------
+def test_all_reduce_sums_rank_plus_one_on_every_rank(init_rows):
+    assert [r["rank"] for r in init_rows] == [0, 1]
+    assert [r["all_reduce_sum"] for r in init_rows] == [3.0, 3.0]
+
+
+def test_no_rank_leaves_init_before_the_last_one_arrives(init_rows):
+    assert all(r["setup_s"] >= 0 and r["wait_s"] >= 0 for r in init_rows)
+    assert min(r["wait_s"] for r in init_rows) == 0.0  # the last to arrive waited for nobody
+
+
+def test_threads_one_per_rank_and_torch_default_reported(init_rows):
+    assert all(r["torch_threads"] == 1 for r in init_rows)
+    assert all(1 <= r["default_threads"] <= r["cpu_count"] for r in init_rows)
+
+
+def test_wrong_world_size_times_out_with_both_ranks_stuck_in_init():
+    with pytest.raises(ddp_tutorial.LaunchTimeout) as info:
+        lessons.launch_wrong_world_size(world_size=2, claimed=3, timeout=8)
+    assert sorted(info.value.still_running) == [0, 1]
+    assert lessons.ranks_stuck_in_init(info.value) == [0, 1]
+
+
+def test_taken_port_fails_fast_with_address_in_use():
+    port, err = lessons.port_clash(world_size=1)
+    assert err.rank == 0
+    assert lessons.is_address_in_use(err)
+    assert str(port) in err.traceback
+
+
+# -- wrap_demo.py ----------------------------------------------------------------
+def test_ddp_broadcasts_rank0_parameters(wrap_run):
+    rows = lessons.broadcast_rows(wrap_run)
+    assert rows[0]["digest_before"] != rows[1]["digest_before"]
+    assert rows[0]["digest_after"] == rows[1]["digest_after"] == rows[0]["digest_before"]
+    assert rows[1]["checksum_after"] == rows[0]["checksum_before"]
+
+
+def test_ddp_gradient_equals_single_process_gradient_on_the_global_batch(wrap_run):
+    check = lessons.gradient_check(wrap_run)
+    assert check["allclose"]
+    assert check["max_abs_diff"] < 1e-5
+    assert check["local_max_abs_diff"] > 1e-3  # the local gradient alone is clearly different
+    assert check["grad_checksums"][0] == check["grad_checksums"][1]
+
+
+def test_tutorial_model_fits_one_bucket(wrap_run):
+    (row,) = lessons.bucket_rows(wrap_run, model="Model")
+    assert row["param_bytes"] == 3120 * 4
+    assert row["rebuilt_bucket_sizes"] == [row["param_bytes"]]
+    assert row["allreduces_per_step"] == 1
+
+
+def test_one_allreduce_per_bucket_and_more_as_the_cap_shrinks(wrap_run):
+    rows = sorted(lessons.bucket_rows(wrap_run, model="deep"), key=lambda r: -r["bucket_cap_mb"])
+    assert [r["bucket_cap_mb"] for r in rows] == [25, 0.5, 0.1]
+    for r in rows:
+        assert r["allreduces_all_steps"][1:] == [r["num_buckets"]] * (len(r["allreduces_all_steps"]) - 1)
+        assert sum(r["rebuilt_bucket_sizes"]) == r["param_bytes"]
+    counts = [r["num_buckets"] for r in rows]
+    assert counts[0] == 1 and counts == sorted(counts) and counts[-1] > counts[1] > counts[0]
+
+
+def test_every_rank_sees_the_same_buckets(wrap_run):
+    assert lessons.bucket_rows(wrap_run, rank=0) == lessons.bucket_rows(wrap_run, rank=1)
+
+
+# -- helpers without a launch ------------------------------------------------------
+def test_every_bug_flag_has_a_lesson():
+    names = {m.name for m in lessons.mistakes()}
+    assert set(config.BUGS) <= names
+    assert {"hard-coded-port", "default-threads"} <= names
+    table = lessons.format_mistakes()
+    assert all(name in table for name in names)
+
+
+def test_script_source_reads_without_importing():
+    src = lessons.script_source(lessons.WRAP_SCRIPT, "broadcast_and_gradient")
+    assert src.startswith("def broadcast_and_gradient") and "DDP(model)" in src
+    with pytest.raises(ValueError):
+        lessons.script_source(lessons.WRAP_SCRIPT, "no_such_function")
+
+
+def test_plots_label_their_axes(init_rows, wrap_run):
+    ax = plots.plot_init_times({2: init_rows})
+    assert ax.get_xlabel() and ax.get_ylabel() and ax.get_legend() is not None
+    ax = plots.plot_allreduces_vs_bucket_cap(lessons.bucket_rows(wrap_run))
+    assert ax.get_xscale() == "log" and ax.get_legend() is not None
+    matplotlib.pyplot.close("all")
