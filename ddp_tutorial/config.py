@@ -54,8 +54,9 @@ def add_training_flags(p: argparse.ArgumentParser) -> None:
                    default=os.environ.get("DDP_TUTORIAL_BACKEND", "auto"),
                    help="process-group backend; auto picks nccl when CUDA is present, else gloo")
     g.add_argument("--threads", type=int, default=1,
-                   help="torch threads per rank on CPU; 0 keeps torch's default, which "
-                        "oversubscribes a small machine (default: 1)")
+                   help="torch threads per rank on CPU; 0 keeps torch's default (OMP_NUM_THREADS "
+                        "if set, as launch and torchrun do, else one per core: N ranks x all "
+                        "cores oversubscribe a small machine) (default: 1)")
     g.add_argument("--pg-timeout", type=float, default=300.0,
                    help="seconds a collective may wait before the process group gives up (default: 300)")
     g.add_argument("--out", default=os.environ.get("DDP_TUTORIAL_RUN_DIR", "runs/train"),
@@ -64,9 +65,17 @@ def add_training_flags(p: argparse.ArgumentParser) -> None:
                    help="skip the per-step timing hook and metric files (for overhead checks)")
     g.add_argument("--bug", action="append", default=[], choices=sorted(BUGS) + ["all"],
                    help="reproduce a mistake of the original demo (repeatable; 'all' = every one)")
+    c = p.add_argument_group("checkpoint and resume")
+    c.add_argument("--checkpoint", default=None, metavar="PATH",
+                   help="resume from PATH if it exists; save there (atomically, by rank 0) at "
+                        "the end of each epoch and every --save-every optimizer steps")
+    c.add_argument("--save-every", type=int, default=0, metavar="N",
+                   help="also save every N optimizer steps, i.e. at the end of an accumulation "
+                        "window; 0 saves at epoch ends only (default: 0)")
     f = p.add_argument_group("fault injection")
     f.add_argument("--fail-at-step", type=int, default=None,
-                   help="micro-step at which --fail-rank fails (default: never)")
+                   help="micro-step at which --fail-rank fails, on the first attempt only "
+                        "(TORCHELASTIC_RESTART_COUNT 0), so a restart can get past it (default: never)")
     f.add_argument("--fail-rank", type=int, default=0, help="rank that fails (default: 0)")
     f.add_argument("--fail-mode", choices=["raise", "exit", "hang"], default="raise",
                    help="raise an exception, exit(3), or sleep forever (default: raise)")
@@ -100,6 +109,10 @@ def validate(args: argparse.Namespace, world_size: int) -> argparse.Namespace:
         raise ConfigError(f"--bucket-cap-mb must be positive, got {args.bucket_cap_mb}")
     if args.threads < 0:
         raise ConfigError(f"--threads must be 0 or more, got {args.threads}")
+    if args.save_every < 0:
+        raise ConfigError(f"--save-every must be 0 or more, got {args.save_every}")
+    if args.save_every and not args.checkpoint:
+        raise ConfigError("--save-every needs --checkpoint PATH: where should the checkpoint go?")
     if args.fail_at_step is not None and not 0 <= args.fail_rank < world_size:
         raise ConfigError(f"--fail-rank {args.fail_rank} is not a rank of a world of {world_size}")
     if "all" in args.bug:

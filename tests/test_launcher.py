@@ -256,3 +256,7 @@ def test_hard_coded_port_in_use_fails_clearly(runs_root):
         with pytest.raises(WorkerError) as info:
             launch(ddp_tutorial.scripts_path("hello.py"), 1, master_port=port, timeout=60)
     assert "address already in use" in info.value.traceback.lower()
+    # The same message is what makes launch() retry when it picked the port itself.
+    from ddp_tutorial.launcher import _port_taken
+
+    assert _port_taken(info.value.traceback) and not _port_taken("RuntimeError: injected failure")
