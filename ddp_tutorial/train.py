@@ -108,8 +108,25 @@ def init_process_group(backend: str = "auto", timeout_s: float = 300.0) -> DistE
         torch.cuda.set_device(device)
     # A short timeout turns a lost rank into an error instead of gloo's 30-minute wait.
     dist.init_process_group(backend, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+                            timeout=datetime.timedelta(seconds=timeout_s),
+                            store=restart_safe_store(timeout_s))
     return DistEnv(rank, world_size, local_rank, backend, device)
+
+
+def restart_safe_store(timeout_s: float):
+    """A fresh key space for a torchrun restart; None (the usual env:// store) otherwise.
+
+    torchrun shares its rendezvous store with the workers and keeps it across
+    restarts, so a restarted group would read the dead group's addresses
+    (gloo then fails with "connectFullMesh ... Connect timeout"). A prefix per
+    attempt hides them.
+    """
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.PrefixStore(f"ddp_tutorial/attempt{attempt}", store)
 
 
 # -- Step 2 -------------------------------------------------------------------

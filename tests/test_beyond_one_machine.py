@@ -1,0 +1,324 @@
+"""Beyond one machine: multi-node torchrun, exact resume, atomic saves, restarts, Join, nccl guards.
+
+The distributed tests start real processes (gloo on loopback). Each one names
+its own deadline, and every torchrun agent is killed with its process group
+in a ``finally``, so a broken rendezvous fails the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import processes_of_run
+
+from ddp_tutorial import (TRAIN_SCRIPT, LaunchConfigError, LaunchTimeout, WorkerError, config,
+                          free_port, launch, launcher, scripts_path, train)
+from ddp_tutorial.checkpoint import load_checkpoint, save_checkpoint, temp_files
+from ddp_tutorial.metrics import Run
+
+REPO = Path(__file__).resolve().parents[1]
+# 2 ranks x 8 micro-batches of 16 per epoch, K=2: 4 optimizer steps per epoch, 16 micro-steps in all.
+SMALL = ["--dataset-size", "256", "--batch-size", "16", "--accum-steps", "2", "--epochs", "2"]
+# Saves after optimizer steps 3 (micro-step 6: mid-epoch 0), 4 (end of epoch 0), 6 (micro-step 12: mid-epoch 1), 8.
+SAVE = ["--save-every", "3"]
+
+
+def assert_same_params(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.allclose(a[name], b[name], atol=1e-6), f"{name} differs"
+
+
+def assert_same_momentum(a: dict, b: dict) -> None:
+    """The SGD momentum buffers of two checkpoints' optimizer states agree."""
+    state_a, state_b = a["optimizer"]["state"], b["optimizer"]["state"]
+    assert state_a.keys() == state_b.keys() and state_a
+    for i in state_a:
+        assert torch.allclose(state_a[i]["momentum_buffer"], state_b[i]["momentum_buffer"], atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """A 2-rank run that nothing interrupts: (final model state, final checkpoint)."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    ckpt = folder / "ckpt.pt"
+    run = launch(TRAIN_SCRIPT, 2, SMALL + ["--checkpoint", str(ckpt)], run_dir=folder / "run",
+                 echo="none", timeout=120)
+    return run.model_state(), load_checkpoint(ckpt)
+
+
+def torchrun(nnodes: int, nproc: int, port: int, run_id: str, out: Path, train_args,
+             max_restarts: int = 0):
+    """Start one torchrun agent (a "node") running ``-m ddp_tutorial.train --out out`` on loopback."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
+           "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts),
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
+           # advertise loopback, not the host name, as the address of node 0's workers
+           "--local-addr", "127.0.0.1",
+           "-m", "ddp_tutorial.train", "--out", str(out), *train_args]
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    # Inherited by the workers: processes_of_run(out) finds them all, wherever they run.
+    env["DDP_TUTORIAL_RUN_DIR"] = str(Path(out).resolve())
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+
+
+def wait_agents(agents, out: Path, timeout: float):
+    """Each agent's (exit code, output); then kills the agents and every worker they started.
+
+    torchrun starts each worker in its own session, so killing the agent's process
+    group would miss them; they carry the agents' DDP_TUTORIAL_RUN_DIR instead.
+    """
+    deadline = time.monotonic() + timeout
+    results = []
+    try:
+        for agent in agents:
+            output, _ = agent.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            results.append((agent.returncode, output))
+    finally:
+        for pid in processes_of_run(out):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for agent in agents:
+            agent.wait()
+    return results
+
+
+# -- Multi-node ---------------------------------------------------------------
+def test_two_torchrun_agents_as_two_nodes_match_a_single_node_run(tmp_path):
+    train_args = ["--dataset-size", "256", "--batch-size", "8", "--accum-steps", "2", "--epochs", "2"]
+    single = launch(TRAIN_SCRIPT, 4, train_args, run_dir=tmp_path / "single", echo="none", timeout=120)
+
+    port = free_port()
+    out = tmp_path / "two_nodes"
+    run_id = f"two-nodes-{uuid.uuid4().hex[:8]}"
+    agents = [torchrun(2, 2, port, run_id, out, train_args) for _node in range(2)]
+    results = wait_agents(agents, out, timeout=150)
+    for code, output in results:
+        assert code == 0, output[-3000:]
+
+    two_nodes = Run(out)
+    assert two_nodes.ranks == [0, 1, 2, 3]
+    assert {two_nodes.summaries[r]["world_size"] for r in two_nodes.ranks} == {4}
+    assert_same_params(two_nodes.model_state(), single.model_state())
+
+
+# -- Checkpoint and exact resume ------------------------------------------------
+def test_run_stopped_mid_epoch_and_resumed_ends_like_an_uninterrupted_run(tmp_path, uninterrupted):
+    ckpt = tmp_path / "ckpt.pt"
+    args = SMALL + SAVE + ["--checkpoint", str(ckpt)]
+    with pytest.raises(WorkerError):  # rank 0 exits at micro-step 7: the last save was after step 6
+        launch(TRAIN_SCRIPT, 2, args + ["--fail-at-step", "7", "--fail-mode", "exit"],
+               run_dir=tmp_path / "stopped", echo="none", timeout=120)
+    saved = load_checkpoint(ckpt)
+    assert (saved["epoch"], saved["micro"], saved["step"], saved["optimizer_steps"]) == (0, 6, 6, 3)
+
+    resumed = launch(TRAIN_SCRIPT, 2, args, run_dir=tmp_path / "resumed", echo="none", timeout=120)
+    for rank in resumed.ranks:  # the step numbering continues from the checkpoint
+        assert resumed.column(rank, "step") == list(range(6, 16))
+    model, final_ckpt = uninterrupted
+    assert_same_params(resumed.model_state(), model)
+    assert_same_momentum(load_checkpoint(ckpt), final_ckpt)
+
+
+def test_a_writer_killed_mid_save_leaves_the_previous_checkpoint(tmp_path):
+    ckpt = tmp_path / "ckpt.pt"
+    save_checkpoint({"step": 1, "blob": [torch.full((256,), 1.0) for _ in range(4)]}, ckpt)
+    tmp, code = kill_writer_mid_save(ckpt)
+    assert code == -signal.SIGKILL
+    with pytest.raises(Exception):  # the unfinished temporary file really is half-written...
+        torch.load(tmp, weights_only=True)
+    saved = load_checkpoint(ckpt)  # ...but the checkpoint's name still holds the previous save
+    assert saved["step"] == 1 and all(torch.equal(t, torch.full((256,), 1.0)) for t in saved["blob"])
+
+
+def test_a_writer_killed_during_its_first_save_leaves_no_checkpoint(tmp_path):
+    ckpt = tmp_path / "ckpt.pt"
+    tmp, code = kill_writer_mid_save(ckpt)
+    assert code == -signal.SIGKILL and tmp.exists()
+    assert not ckpt.exists() and load_checkpoint(ckpt) is None
+
+
+# Saves a large checkpoint (many records, so it takes a while) through save_checkpoint.
+WRITER = """
+import sys, torch
+from ddp_tutorial.checkpoint import save_checkpoint
+state = {"step": 2, "blob": [torch.full((512,), 2.0) for _ in range(40000)]}
+save_checkpoint(state, sys.argv[1])
+print("finished", flush=True)
+"""
+
+
+def kill_writer_mid_save(ckpt: Path, min_bytes: int = 4 << 20, timeout: float = 60.0):
+    """SIGKILL a process while its temporary file has ``min_bytes`` but the save is unfinished.
+
+    Returns:
+        (the temporary file it left, its exit code).
+    """
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(ckpt)], stdout=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:  # poll the file system until the write is well under way
+            partial = [p for p in temp_files(ckpt) if p.stat().st_size >= min_bytes]
+            if partial:
+                writer.kill()
+                break
+            assert writer.poll() is None, "the writer ended before it could be killed mid-save"
+            assert time.monotonic() < deadline, "the writer never started writing its checkpoint"
+            time.sleep(0.002)
+        out, _ = writer.communicate(timeout=10)
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+    assert "finished" not in out
+    assert temp_files(ckpt) == partial  # nothing renamed it after the kill
+    return partial[0], writer.returncode
+
+
+# -- Fault-tolerant restarts ----------------------------------------------------
+def assert_resumed_after_restart(run: Run) -> None:
+    """The second attempt resumed at micro-step 12, the last save before rank 1 failed at 13."""
+    for rank in run.ranks:
+        resumes = [e for e in run.events[rank] if e["kind"] == "resume"]
+        assert [(e["attempt"], e["step"], e["epoch"], e["micro"]) for e in resumes] == [(1, 12, 1, 4)]
+        second = [s["step"] for s in run.steps[rank] if s["attempt"] == 1]
+        assert second == list(range(12, 16))
+
+
+def test_torchrun_max_restarts_resumes_from_the_last_checkpoint(tmp_path, uninterrupted):
+    out = tmp_path / "run"
+    args = SMALL + SAVE + ["--checkpoint", str(tmp_path / "ckpt.pt"),
+                           "--fail-at-step", "13", "--fail-rank", "1"]
+    agent = torchrun(1, 2, free_port(), f"restart-{uuid.uuid4().hex[:8]}", out, args, max_restarts=1)
+    [(code, output)] = wait_agents([agent], out, timeout=150)
+    assert code == 0, output[-3000:]
+    assert "injected failure (raise) at step 13" in output
+    run = Run(out)
+    assert_resumed_after_restart(run)
+    assert_same_params(run.model_state(), uninterrupted[0])
+
+
+def test_launch_max_restarts_resumes_from_the_last_checkpoint(tmp_path, uninterrupted):
+    args = SMALL + SAVE + ["--checkpoint", str(tmp_path / "ckpt.pt"),
+                           "--fail-at-step", "13", "--fail-rank", "1"]
+    run = launch(TRAIN_SCRIPT, 2, args, run_dir=tmp_path / "run", echo="none", timeout=120,
+                 max_restarts=1)
+    assert_resumed_after_restart(run)
+    assert_same_params(run.model_state(), uninterrupted[0])
+
+
+def test_injected_failure_fires_on_the_first_attempt_only(monkeypatch):
+    args = config.parse(["--fail-at-step", "3", "--fail-rank", "1"], world_size=2)
+    env = train.DistEnv(rank=1, world_size=2)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    with pytest.raises(RuntimeError, match="injected failure on rank 1 at step 3"):
+        train.maybe_fail(args, env, 3)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    train.maybe_fail(args, env, 3)  # the restarted group gets past it
+
+
+def test_resume_refuses_a_checkpoint_of_another_world_size(tmp_path):
+    ckpt = tmp_path / "ckpt.pt"
+    args = config.parse(SMALL + ["--checkpoint", str(ckpt)], world_size=2)
+    model = train.Model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = {"step": 0, "optimizer_steps": 0, "attempt": 0}
+    two_ranks = train.DistEnv(rank=0, world_size=2)
+    save_checkpoint(train.checkpoint_state(model, optimizer, args, two_ranks, state, 0, 4, 8), ckpt)
+    with pytest.raises(ValueError, match="world_size"):
+        train.resume_from_checkpoint(model, optimizer, args, train.DistEnv(rank=0, world_size=4), state)
+
+
+def test_save_every_needs_a_checkpoint_path():
+    with pytest.raises(config.ConfigError, match="--checkpoint"):
+        config.parse(["--save-every", "2"], world_size=2)
+
+
+# -- Uneven inputs ------------------------------------------------------------
+JOIN_SCRIPT = scripts_path("uneven_join.py")
+
+
+def test_uneven_inputs_without_join_hang_until_the_launch_timeout(tmp_path):
+    with pytest.raises(LaunchTimeout) as info:
+        launch(JOIN_SCRIPT, 2, ["--no-join", "--batches", "3", "--extra", "2"],
+               run_dir=tmp_path / "run", echo="none", timeout=10)
+    run = info.value.run
+    # rank 0 ran out of data after 3 batches and waits at the barrier; rank 1 waits in the
+    # all-reduce of its 4th batch for a partner that never comes.
+    assert run.result(0, "batches") == 3
+    assert run.last_step(1) == 2 and not run.results(1)
+    assert set(info.value.still_running) == {0, 1}
+    assert not processes_of_run(run.run_dir)
+
+
+def test_uneven_inputs_with_join_finish_with_identical_parameters(tmp_path):
+    run = launch(JOIN_SCRIPT, 2, ["--join", "--batches", "3", "--extra", "2"],
+                 run_dir=tmp_path / "run", echo="none", timeout=60)
+    assert [run.result(r, "batches") for r in run.ranks] == [3, 5]
+    assert [len(run.steps[r]) for r in run.ranks] == [3, 5]
+    params = [torch.tensor(run.result(r, "params")) for r in run.ranks]
+    assert torch.equal(params[0], params[1])
+
+
+# -- GPU / nccl guards (CPU-only checks of the selection logic) -------------------
+def fake_gpus(monkeypatch, count: int) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+def test_auto_backend_is_nccl_with_cuda_and_gloo_without(monkeypatch):
+    fake_gpus(monkeypatch, 2)
+    assert train.resolve_backend("auto") == "nccl"
+    assert train.resolve_backend("gloo") == "gloo"
+    fake_gpus(monkeypatch, 0)
+    assert train.resolve_backend("auto") == "gloo"
+
+
+def test_each_rank_uses_the_gpu_of_its_local_rank(monkeypatch):
+    fake_gpus(monkeypatch, 4)
+    assert train.pick_device("nccl", local_rank=1, local_world_size=2) == torch.device("cuda", 1)
+    assert train.pick_device("gloo", local_rank=1, local_world_size=2) == torch.device("cpu")
+
+
+def test_fewer_gpus_than_ranks_per_node_is_a_clear_error(monkeypatch):
+    fake_gpus(monkeypatch, 2)
+    with pytest.raises(RuntimeError, match="4 ranks but has 2 GPU"):
+        train.pick_device("nccl", local_rank=3, local_world_size=4)
+    with pytest.raises(LaunchConfigError, match="world_size=4 but only 2 GPU"):
+        launcher._check_nccl(4)
+    fake_gpus(monkeypatch, 0)
+    with pytest.raises(RuntimeError, match="needs CUDA"):
+        train.pick_device("nccl", local_rank=0, local_world_size=1)
+    with pytest.raises(LaunchConfigError, match="needs CUDA"):
+        launcher._check_nccl(1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+def test_launch_refuses_nccl_without_gpus_before_starting_anything(tmp_path):
+    with pytest.raises(LaunchConfigError, match="nccl"):
+        launch(TRAIN_SCRIPT, 2, SMALL, backend="nccl", run_dir=tmp_path / "run", timeout=30)
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_rank_loads_the_checkpoint_onto_its_own_device(monkeypatch):
+    seen = []
+    monkeypatch.setattr(train, "load_checkpoint",
+                        lambda path, map_location: seen.append(map_location))  # no file: a fresh start
+    args = config.parse(["--checkpoint", "unused.pt"], world_size=2)
+    env = train.DistEnv(rank=1, world_size=2, local_rank=1, backend="nccl",
+                        device=torch.device("cuda", 1))
+    assert train.resume_from_checkpoint(None, None, args, env, {"attempt": 0}) == (0, 0)
+    assert seen == [torch.device("cuda", 1)]
