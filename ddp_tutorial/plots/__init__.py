@@ -13,3 +13,4 @@ from ddp_tutorial.plots.training import (  # noqa: F401
 from ddp_tutorial.plots.lessons_data_sync import plot_sampler_orders, plot_sync_per_micro_step  # noqa: F401
 from ddp_tutorial.plots.lessons_init_wrap import plot_allreduces_vs_bucket_cap, plot_init_times  # noqa: F401
 from ddp_tutorial.plots.perf import plot_accumulation, plot_allreduce_sweep, plot_bucket_sweep, plot_overlap, plot_scaling_projection  # noqa: F401,E501
+from ddp_tutorial.plots.beyond import plot_restart_loss  # noqa: F401

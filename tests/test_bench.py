@@ -1,0 +1,149 @@
+"""The performance lab: the cost-model arithmetic exactly, and the bench end to end in quick mode.
+
+Timing targets are not checked here (a shared machine is noisy); the bench prints them as
+ratios. These tests check that every fit and ratio is computed and finite, and the
+counts that do not depend on timing.
+"""
+
+import math
+
+import pytest
+
+from ddp_tutorial import bench, perf
+
+
+# -- The cost model, on numbers made by the model itself -------------------------
+def ring_samples(alpha_s, bandwidth, world_sizes=(2, 4), sizes=perf.FULL_SIZES):
+    return [{"world_size": p, "bytes": n, "seconds": perf.ring_time(n, p, alpha_s, bandwidth)}
+            for p in world_sizes for n in sizes]
+
+
+def test_fit_recovers_alpha_and_bandwidth_of_exact_ring_times():
+    fit = perf.fit_alpha_beta(ring_samples(300e-6, 1.5e9))
+    assert fit["alpha_s"] == pytest.approx(300e-6, rel=1e-9)
+    assert fit["bandwidth"] == pytest.approx(1.5e9, rel=1e-9)
+    assert fit["r2"] == pytest.approx(1.0) and fit["r2_linear"] == pytest.approx(1.0)
+
+
+def test_fit_weighs_small_sizes_so_noise_on_large_ones_does_not_erase_alpha():
+    samples = ring_samples(500e-6, 1e9)
+    for s in samples:
+        if s["bytes"] >= 16 * perf.MB:
+            s["seconds"] *= 1.1  # 10 % slower big transfers: the latency must survive
+    fit = perf.fit_alpha_beta(samples)
+    assert fit["alpha_s"] == pytest.approx(500e-6, rel=0.1)
+    assert 0.9 < fit["r2"] < 1.0
+
+
+def test_fit_needs_two_points_of_distributed_runs():
+    with pytest.raises(ValueError, match="at least two"):
+        perf.fit_alpha_beta([{"world_size": 1, "bytes": 1024, "seconds": 1e-3}] * 3)
+
+
+def test_busbw_follows_nccl_tests_definition():
+    # 1 GB in 1 s over 4 ranks: algbw 1 GB/s, busbw 1 GB/s * 2 * 3 / 4
+    assert perf.algbw(1e9, 1.0) == 1e9
+    assert perf.busbw(1e9, 1.0, 4) == pytest.approx(1.5e9)
+    assert perf.busbw(1e9, 1.0, 2) == pytest.approx(1e9)
+    row = perf.sweep_table([{"world_size": 4, "bytes": 2e9, "seconds": 2.0}])[0]
+    assert row["algbw_GBps"] == pytest.approx(1.0) and row["busbw_GBps"] == pytest.approx(1.5)
+
+
+def test_ring_time_latency_grows_with_ranks_and_bandwidth_term_saturates():
+    assert perf.ring_time(0, 2, 1e-3, 1e9) == pytest.approx(2e-3)
+    assert perf.ring_time(0, 4, 1e-3, 1e9) == pytest.approx(6e-3)
+    big = [perf.ring_time(1e9, p, 0.0, 1e9) for p in (2, 4, 1024)]
+    assert big == pytest.approx([1.0, 1.5, 2 * 1023 / 1024])
+    assert perf.ring_time(1e9, 1, 1.0, 1.0) == 0.0
+
+
+def test_projection_efficiency_falls_with_workers_and_rises_with_accumulation():
+    grid = perf.projection_grid(alpha_s=20e-6, compute_s_per_sample=1e-3, model_bytes=100e6,
+                                batch_per_worker=32, bandwidths_GBps=(25,), accum_steps=(1, 8))
+    k1 = [r["efficiency"] for r in grid if r["accum_steps"] == 1]
+    k8 = [r["efficiency"] for r in grid if r["accum_steps"] == 8]
+    assert all(0 < e <= 1 for e in k1 + k8)
+    assert k1 == sorted(k1, reverse=True)
+    assert all(b >= a for a, b in zip(k1, k8))
+    assert perf.efficiency_at(grid, 1024, accum_steps=8) == k8[-1]
+    assert perf.efficiency_at(grid, 3) is None
+
+
+def test_projection_step_adds_only_comm_that_backward_cannot_hide():
+    # 4 buckets of 25 MB, lots of backward to hide them under: only the last bucket shows.
+    point = perf.project_step(8, alpha_s=0.0, bandwidth=1e9, compute_s_per_sample=1.0, model_bytes=100 * perf.MB,
+                              batch_per_worker=1)
+    last = perf.ring_time(25 * perf.MB, 8, 0.0, 1e9)
+    assert point["exposed_comm_s"] == pytest.approx(last)
+    assert point["step_s"] == pytest.approx(1.0 + last)
+    assert point["comm_s"] == pytest.approx(4 * last)
+
+
+def test_accumulation_ratios_are_relative_to_k1_of_the_same_straggler_setting():
+    rows = [{"accum_steps": k, "straggler_ms": s, "transfer_s_per_sample": (1.0 + s) / k}
+            for s in (0.0, 5.0) for k in (1, 2, 4)]
+    ratios = bench.accumulation_ratios(rows)
+    assert [r["comm_per_sample_vs_k1"] for r in ratios] == pytest.approx([1, 0.5, 0.25] * 2)
+    assert [r["ideal"] for r in ratios] == pytest.approx([1, 0.5, 0.25] * 2)
+
+
+# -- The bench, end to end, quick ------------------------------------------------
+@pytest.fixture(scope="module")
+def quick_bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    results = bench.run_bench(quick=True, out=str(out), notebooks=False)
+    return results, out
+
+
+def test_quick_bench_computes_every_fit_and_ratio(quick_bench):
+    results, _ = quick_bench
+    numbers = bench.headline_numbers(results)
+    not_finite = {k: v for k, v in numbers.items() if not (isinstance(v, float) and math.isfinite(v))}
+    assert not not_finite
+    assert numbers["alpha_s"] > 0 and numbers["bandwidth"] > 0
+    assert numbers["launch_ratio"] > 0 and numbers["sync_fidelity_ratio"] > 0
+    # DDP's logger did record communication (else the fidelity ratio would compare with nothing)
+    assert results["ddp"]["fidelity"]["ddp_logger_s"] > 0
+    assert results["ddp"]["overlap"]["avg_backward_comm_time_s"] > 0
+
+
+def test_quick_bench_sweeps_every_size_for_both_world_sizes(quick_bench):
+    results, _ = quick_bench
+    sweep = results["allreduce"]
+    assert [(r["world_size"], r["bytes"]) for r in sweep["table"]] == \
+        [(p, n) for p in (2, 4) for n in perf.QUICK_SIZES]
+    assert all(r["seconds"] > 0 and r["busbw_GBps"] > 0 for r in sweep["table"])
+    assert sweep["memcpy_Bps"] > 0
+    assert results["crosscheck"]["plain_s"] > 0 and results["crosscheck"]["sweep_s"] > 0
+
+
+def test_quick_bench_counts_that_do_not_depend_on_timing(quick_bench):
+    results, _ = quick_bench
+    buckets = results["ddp"]["buckets"]
+    calls = [r["allreduce_calls_per_step"] for r in sorted(buckets, key=lambda r: r["bucket_cap_mb"])]
+    assert calls == sorted(calls, reverse=True) and calls[-1] == 1 and calls[0] > 10
+    for row in results["accumulation"]:
+        # one all-reduce (the whole small model fits one bucket) per K micro-steps
+        assert row["allreduce_calls_per_micro_step"] == pytest.approx(1 / row["accum_steps"])
+        assert row["optimizer_steps"] * row["accum_steps"] == row["micro_steps"]
+
+
+def test_quick_bench_prints_a_table_and_saves_figures(quick_bench):
+    results, out = quick_bench
+    table = bench.format_table(results)
+    for needle in ("ring fit: alpha", "cross-check at 16 MB", "bucket_cap_mb", "overlap", "accumulation",
+                   "scaling projection", "launch: launch()", "instrumentation:", "sync-time fidelity:", "GPU:"):
+        assert needle in table
+    saved = {p.name for p in out.iterdir()}
+    assert {"bench.json", "allreduce_sweep.png", "bucket_sweep.png", "overlap.png", "accumulation.png",
+            "scaling_projection.png"} <= saved
+
+
+def test_gpu_part_skips_with_a_reason_without_gpus(quick_bench):
+    results, _ = quick_bench
+    if bench.visible_gpus() >= 2:
+        assert results["gpu"]["auto_picked"] == "nccl"
+        assert all(math.isfinite(v) for v in (results["gpu"]["sweep"]["cuda_fit"]["alpha_s"],
+                                              results["gpu"]["sweep"]["cuda_fit"]["bandwidth"]))
+    else:
+        assert "GPU" in results["gpu"]["skipped"]
