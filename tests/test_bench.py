@@ -102,6 +102,10 @@ def test_quick_bench_computes_every_fit_and_ratio(quick_bench):
     assert not not_finite
     assert numbers["alpha_s"] > 0 and numbers["bandwidth"] > 0
     assert numbers["launch_ratio"] > 0 and numbers["sync_fidelity_ratio"] > 0
+    fits = results["allreduce"]["fit_by_world_size"]
+    assert sorted(fits) == [2, 4]
+    for fit in fits.values():
+        assert all(math.isfinite(fit[k]) for k in ("alpha_s", "bandwidth", "r2"))
     # DDP's logger did record communication (else the fidelity ratio would compare with nothing)
     assert results["ddp"]["fidelity"]["ddp_logger_s"] > 0
     assert results["ddp"]["overlap"]["avg_backward_comm_time_s"] > 0
@@ -131,7 +135,7 @@ def test_quick_bench_counts_that_do_not_depend_on_timing(quick_bench):
 def test_quick_bench_prints_a_table_and_saves_figures(quick_bench):
     results, out = quick_bench
     table = bench.format_table(results)
-    for needle in ("ring fit: alpha", "cross-check at 16 MB", "bucket_cap_mb", "overlap", "accumulation",
+    for needle in ("ring fit: alpha", "fit of 2 ranks alone", "fit of 4 ranks alone", "cross-check at 16 MB", "bucket_cap_mb", "overlap", "accumulation",
                    "scaling projection", "launch: launch()", "instrumentation:", "sync-time fidelity:", "GPU:"):
         assert needle in table
     saved = {p.name for p in out.iterdir()}

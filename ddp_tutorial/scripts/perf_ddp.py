@@ -235,30 +235,46 @@ def split_sync(records) -> tuple:
 
 
 def measure_overhead(base, env, batch_size: int, steps: int, blocks: int, run_dir: str) -> dict:
-    """Instrumented DDP (SyncTimer hook + a JSON line per step) vs plain DDP, blocks alternating."""
-    args = train_args(env.world_size, batch_size, 1, steps)
-    plain = DDP(copy.deepcopy(base).to(env.device))
-    timed = DDP(copy.deepcopy(base).to(env.device))
-    timer = SyncTimer()
-    timed.register_comm_hook(timer, SyncTimer.hook)
+    """Instrumented DDP (SyncTimer hook + a JSON line per step) vs plain DDP, step by step.
+
+    Both models train through the real ``train.train_epoch``, one micro-step per
+    call, taking turns (the order flips every pair), so a slow spell of a shared
+    machine hits both alike; the medians of ``steps * blocks`` single steps are
+    compared, which a few descheduled steps cannot move.
+    """
+    args = train_args(env.world_size, batch_size, 1, 1)  # an "epoch" of exactly one micro-step
+    loss_fn = nn.MSELoss()
+    loader, sampler = make_loader(make_dataset(args.dataset_size, 0), env, args.batch_size, 0)
     metrics = MetricsWriter(os.path.join(run_dir, "instrumented"), env.rank)
-    plain_s, timed_s = [], []
-    run_epoch(plain, env, args)  # warm-up both
-    run_epoch(timed, env, args, metrics=metrics, timer=timer)
-    for block in range(blocks):
-        # Alternate which goes first, so a slow spell of the machine hits both alike.
-        order = [("plain", plain), ("timed", timed)] if block % 2 == 0 else [("timed", timed), ("plain", plain)]
-        for name, model in order:
-            if name == "plain":
-                plain_s.append(run_epoch(model, env, args))
-            else:
-                timed_s.append(run_epoch(model, env, args, metrics=metrics, timer=timer))
+    timer = SyncTimer()
+    variants = {}
+    for name in ("plain", "timed"):
+        model = DDP(copy.deepcopy(base).to(env.device))
+        if name == "timed":
+            model.register_comm_hook(timer, SyncTimer.hook)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        state = {"step": 0, "optimizer_steps": 0, "attempt": 0, "rng": random.Random(env.rank)}
+        extra = (metrics, timer) if name == "timed" else (None, None)
+        variants[name] = (model, optimizer, state, extra)
+
+    def one_step(name):
+        model, optimizer, state, (log, hook_timer) = variants[name]
+        t0 = time.perf_counter()
+        train_epoch(model, loader, optimizer, loss_fn, 0, env, args, state, log, hook_timer)
+        sync_device(env.device)
+        return time.perf_counter() - t0
+
+    for _ in range(5):  # warm-up: bucket rebuild, allocator, first-call paths
+        one_step("plain"), one_step("timed")
+    dist.barrier()
+    times = {"plain": [], "timed": []}
+    for i in range(steps * blocks):
+        for name in (("plain", "timed") if i % 2 == 0 else ("timed", "plain")):
+            times[name].append(one_step(name))
     metrics.close()
-    # Each block is compared with its neighbour of the other kind: a slow spell of a shared
-    # machine lasts longer than two blocks, so it cancels in the pair's ratio.
-    ratios = [t / p for t, p in zip(timed_s, plain_s)]
-    return {"plain_block_s": statistics.median(plain_s), "instrumented_block_s": statistics.median(timed_s),
-            "overhead": statistics.median(ratios) - 1.0, "steps_per_block": steps, "blocks": blocks}
+    plain_s, timed_s = statistics.median(times["plain"]), statistics.median(times["timed"])
+    return {"plain_step_s": plain_s, "instrumented_step_s": timed_s, "overhead": timed_s / plain_s - 1.0,
+            "steps_per_block": steps, "blocks": blocks, "steps": steps * blocks}
 
 
 def measure_fidelity(base, env, batch_size: int) -> dict:
