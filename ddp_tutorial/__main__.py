@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--echo", choices=["all", "rank0", "none"], default="all",
                    help="which ranks' output to show live")
     config.add_training_flags(p)
-    p.set_defaults(straggler_ms=3.0)  # a small delay so the sync timeline shows waiting
+    # A few seconds of training, and a small delay so the sync timeline shows waiting.
+    p.set_defaults(straggler_ms=3.0, epochs=5, dataset_size=4096)
     # --out is the run folder here: --run-dir covers it.
     for action in p._actions:
         if action.dest == "out":
