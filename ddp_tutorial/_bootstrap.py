@@ -38,7 +38,9 @@ def main() -> None:
     except KeyboardInterrupt:
         code = 130
     except BaseException:
-        sys.excepthook(*sys.exc_info())  # the usual traceback (torch adds "[rankN]:")
+        exc_type, exc, tb = sys.exc_info()
+        tb = script_frames(tb) or tb
+        sys.excepthook(exc_type, exc.with_traceback(tb), tb)  # the usual report, from the script on
         code = 1
     # Leave without the interpreter's teardown, after what a script may rely on:
     # atexit handlers and flushed output. The teardown would garbage-collect every
@@ -53,6 +55,17 @@ def main() -> None:
             except (OSError, ValueError):
                 pass
         os._exit(code)
+
+
+def script_frames(tb):
+    """The traceback without this file's and runpy's frames: it starts in the script."""
+    own = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if os.path.abspath(filename) not in own and not filename.startswith("<frozen runpy"):
+            return tb
+        tb = tb.tb_next
+    return None
 
 
 def exit_code(exc: SystemExit) -> int:

@@ -103,6 +103,10 @@ def _describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
+# torch prefixes each line of a rank's uncaught exception with "[rankN]:".
+_TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
+
+
 def _port_taken(text: str) -> bool:
     """Whether a rank failed because its MASTER_PORT was taken (TCPStore: EADDRINUSE)."""
     text = text.lower()
@@ -166,6 +170,7 @@ class _WorkerGroup:
     def handle(self, event: tuple) -> None:
         kind, rank, value = event
         if kind == "line":
+            value = _TORCH_RANK_PREFIX.sub("", value)  # we say "[rank r]" already
             self.output[rank].append(value)
             if self.echo == "all" or (self.echo == "rank0" and rank == 0):
                 print(f"[rank {rank}] {value}", flush=True)

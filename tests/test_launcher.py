@@ -65,6 +65,10 @@ def test_failing_rank_stops_the_group_fast_and_keeps_its_metrics():
     assert err.rank == 1 and err.exit_code == 1
     assert "RuntimeError: injected failure on rank 1 at step 5" in err.traceback
     assert "rank 1" in str(err) and "exit code 1" in str(err) and "Traceback" in str(err)
+    # The traceback starts in the script: no launcher frames, no second rank prefix.
+    lines = err.traceback.splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and "train.py" in lines[1]
+    assert "_bootstrap.py" not in err.traceback and "[rank1]:" not in err.traceback
     # Fail-fast: far from the 90 s deadline (the launch itself takes a few seconds).
     assert elapsed < 30
     # Nothing lost: rank 1 finished steps 0..4 before it failed, flushed to disk.
