@@ -18,6 +18,7 @@ import atexit
 import importlib.util
 import os
 import queue
+import random
 import re
 import signal
 import socket
@@ -88,10 +89,34 @@ class LaunchTimeout(LaunchError, TimeoutError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that is free right now: the OS picks it, so launches never share one."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port that is free right now, chosen at random below the OS's ephemeral range.
+
+    Ports the OS hands out for outgoing connections (gloo opens many) come from
+    the ephemeral range; a listening port picked from there could be taken by
+    one of them before the store binds it. Below that range only listeners live.
+    """
+    low, _ = _ephemeral_range()
+    rng = random.SystemRandom()  # concurrent launches must not share a sequence
+    for _ in range(100):
+        port = rng.randrange(20000, max(20001, low))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # crowded: let the OS pick
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_range():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
 
 def _describe_exit(code: int) -> str:

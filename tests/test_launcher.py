@@ -264,3 +264,17 @@ def test_hard_coded_port_in_use_fails_clearly(runs_root):
     from ddp_tutorial.launcher import _port_taken
 
     assert _port_taken(info.value.traceback) and not _port_taken("RuntimeError: injected failure")
+
+
+def test_free_port_is_bindable_and_outside_the_ephemeral_range():
+    import socket
+
+    from ddp_tutorial.launcher import _ephemeral_range
+
+    low, _ = _ephemeral_range()
+    ports = {ddp_tutorial.free_port() for _ in range(20)}
+    assert len(ports) > 15  # random, so concurrent launches rarely even try the same one
+    for port in ports:
+        assert 20000 <= port < low
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
