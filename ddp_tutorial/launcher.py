@@ -132,7 +132,7 @@ def _describe_exit(code: int) -> str:
 _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 
 
-def _port_taken(text: str) -> bool:
+def port_taken(text: str) -> bool:
     """Whether a rank failed because its MASTER_PORT was taken (TCPStore: EADDRINUSE)."""
     text = text.lower()
     return "eaddrinuse" in text or "address already in use" in text
@@ -364,7 +364,7 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
             output, exit_codes = _supervise(group, deadline, timeout, run_dir, grace)
             break
         except WorkerError as exc:
-            if master_port is None and port_retries < 2 and _port_taken(exc.traceback):
+            if master_port is None and port_retries < 2 and port_taken(exc.traceback):
                 port_retries += 1  # another program took the port between our pick and its bind
                 print(f"[launch] port {port} was taken meanwhile; retrying on a new port", flush=True)
                 continue

@@ -11,12 +11,12 @@ Each helper launches a lesson script from ``ddp_tutorial/scripts`` or turns a
 from __future__ import annotations
 
 import ast
-import socket
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from ddp_tutorial import config
-from ddp_tutorial.launcher import LaunchError, WorkerError, launch, scripts_path
+from ddp_tutorial.launcher import LaunchError, WorkerError, launch, port_taken, scripts_path
+from ddp_tutorial.lessons_data_sync import hold_port
 
 INIT_SCRIPT = scripts_path("init_demo.py")
 WRAP_SCRIPT = scripts_path("wrap_demo.py")
@@ -153,10 +153,7 @@ def port_clash(world_size: int = 2, timeout: float = 60.0):
     Returns:
         (port, the ``WorkerError`` raised by ``launch``).
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other_job:
-        other_job.bind(("127.0.0.1", 0))
-        other_job.listen()
-        port = other_job.getsockname()[1]
+    with hold_port() as port:
         try:
             run_init_demo(world_size, master_port=port, timeout=timeout)
         except WorkerError as err:
@@ -166,8 +163,7 @@ def port_clash(world_size: int = 2, timeout: float = 60.0):
 
 def is_address_in_use(err: WorkerError) -> bool:
     """Whether a rank failed because its port was taken (EADDRINUSE)."""
-    text = err.traceback.lower()
-    return "address already in use" in text or "eaddrinuse" in text
+    return port_taken(err.traceback)
 
 
 # -- Notebook 02: DDP(model) ---------------------------------------------------

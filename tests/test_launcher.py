@@ -261,9 +261,9 @@ def test_hard_coded_port_in_use_fails_clearly(runs_root):
             launch(ddp_tutorial.scripts_path("hello.py"), 1, master_port=port, timeout=60)
     assert "address already in use" in info.value.traceback.lower()
     # The same message is what makes launch() retry when it picked the port itself.
-    from ddp_tutorial.launcher import _port_taken
+    from ddp_tutorial.launcher import port_taken
 
-    assert _port_taken(info.value.traceback) and not _port_taken("RuntimeError: injected failure")
+    assert port_taken(info.value.traceback) and not port_taken("RuntimeError: injected failure")
 
 
 def test_free_port_is_bindable_and_outside_the_ephemeral_range():
