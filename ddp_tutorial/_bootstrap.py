@@ -42,10 +42,18 @@ def main() -> None:
         tb = script_frames(tb) or tb
         sys.excepthook(exc_type, exc.with_traceback(tb), tb)  # the usual report, from the script on
         code = 1
-    # Leave without the interpreter's teardown, after what a script may rely on:
-    # atexit handlers and flushed output. The teardown would garbage-collect every
-    # object torch made (0.3-0.5 s per rank), and destroying gloo's objects that
-    # late can abort the process ("terminate called without an active exception").
+    exit_without_teardown(code)
+
+
+def exit_without_teardown(code: int) -> None:
+    """Exit with ``code`` after atexit handlers and flushed output, skipping the interpreter's teardown.
+
+    The teardown would garbage-collect every object torch made (0.3-0.5 s per
+    rank), and destroying gloo's objects that late can abort the process
+    ("terminate called without an active exception", seen with torch 2.13 after
+    destroy_process_group had returned). ``train.py`` leaves this way too, so
+    it exits cleanly under torchrun as well.
+    """
     try:
         atexit._run_exitfuncs()
     finally:

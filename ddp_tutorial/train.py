@@ -143,6 +143,11 @@ def wrap_model(model: nn.Module, env: DistEnv, bucket_cap_mb: float = 25.0) -> n
     return DDP(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb)
 
 
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain model inside a DDP wrapper (what to save, load or inspect)."""
+    return model.module if isinstance(model, DDP) else model
+
+
 # -- Step 3 -------------------------------------------------------------------
 def make_loader(dataset, env: DistEnv, batch_size: int, seed: int):
     """Step 3: give each rank a disjoint shard of the same dataset.
@@ -248,7 +253,7 @@ def checkpoint_state(model, optimizer, args, env: DistEnv, state: dict, epoch: i
     """
     if micro_done >= num_batches:
         epoch, micro_done = epoch + 1, 0
-    module = model.module if isinstance(model, DDP) else model
+    module = unwrap(model)
     return {"model": module.state_dict(), "optimizer": optimizer.state_dict(),
             "epoch": epoch, "micro": micro_done, "step": state["step"],
             "optimizer_steps": state["optimizer_steps"],
@@ -299,7 +304,7 @@ def resume_from_checkpoint(model, optimizer, args, env: DistEnv, state: dict, me
         raise ValueError(f"checkpoint {args.checkpoint} was made with different settings "
                          f"(saved, now): {differ}; its position in the epoch would name other "
                          "samples. Resume with the same settings, or start from a new --checkpoint")
-    module = model.module if isinstance(model, DDP) else model
+    module = unwrap(model)
     module.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
     state["step"], state["optimizer_steps"] = saved["step"], saved["optimizer_steps"]
@@ -500,7 +505,7 @@ def run_training(args, env: DistEnv) -> int:
             print(f"epoch {epoch}: mean local loss {sum(losses) / max(len(losses), 1):.4f}, "
                   f"{state['optimizer_steps']} optimizer steps so far", flush=True)
     wall = time.perf_counter() - t_train
-    module = model.module if isinstance(model, DDP) else model
+    module = unwrap(model)
     if env.rank == 0:
         os.makedirs(args.out, exist_ok=True)
         torch.save({k: v.cpu() for k, v in module.state_dict().items()},
@@ -509,14 +514,20 @@ def run_training(args, env: DistEnv) -> int:
         metrics.write({"kind": "summary", "rank": env.rank, "world_size": env.world_size,
                        "backend": env.backend, "device": str(env.device), "bugs": sorted(bugs),
                        "micro_steps": state["step"], "optimizer_steps": state["optimizer_steps"],
-                       "train_seconds": wall, "threads": torch.get_num_threads(), "param_checksum": param_checksum(module),
+                       "train_seconds": wall, "threads": torch.get_num_threads(),
+                       "param_checksum": param_checksum(module),
                        "ddp_logging": ddp_logging(model)})
         metrics.close()
     sync_ms = timer.total_s * 1e3 if timer else 0.0
     print(f"done: {state['step']} micro-steps, {state['optimizer_steps']} optimizer steps, "
-          f"final loss {losses[-1] if losses else float('nan'):.4f}, {wall:.2f} s, of which sync {sync_ms:.0f} ms", flush=True)
+          f"final loss {losses[-1] if losses else float('nan'):.4f}, {wall:.2f} s, "
+          f"of which sync {sync_ms:.0f} ms", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ddp_tutorial._bootstrap import exit_without_teardown
+
+    # After a finished run, leave without the interpreter's teardown: gloo's objects
+    # destroyed that late can abort the process, failing a run that succeeded.
+    exit_without_teardown(main())

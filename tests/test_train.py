@@ -1,7 +1,6 @@
 """train.py: exact equivalence with one big batch, skipped communication, and each fixed bug."""
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,6 @@ import torch
 
 import ddp_tutorial
 from ddp_tutorial import Run, launch, train
-from ddp_tutorial.launcher import free_port
 
 # 256 samples divide evenly by W*b*K = 16, so no sampler padding duplicates samples.
 COMMON = ["--dataset-size", "256", "--epochs", "2", "--seed", "3", "--lr", "0.05"]
