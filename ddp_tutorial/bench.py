@@ -3,6 +3,7 @@
     python -m ddp_tutorial.bench              # full: 2-3 minutes on 2 CPU cores, plus the notebook suite
     python -m ddp_tutorial.bench --quick      # fewer sizes and steps: about 30 s
     python -m ddp_tutorial.bench --out runs/bench
+    python -m ddp_tutorial.bench --notebooks 5 --busy-core 2   # only the notebook suite, 5 rounds
 
 It prints one table: the all-reduce sweep and its α-β fit, buckets, overlap,
 accumulation, the scaling projection, and the kit's own speed as ratios measured
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from ddp_tutorial import perf
+from ddp_tutorial import perf, selfcheck
 from ddp_tutorial.launcher import launch, scripts_path
 
 CROSSCHECK_BYTES = 16 * perf.MB
@@ -179,18 +180,17 @@ def launch_speed(repeats: int = 3, world_size: int = 4, timeout: float = 120.0) 
 
 
 def notebook_suite(folder: str = "notebooks", timeout: float = 600.0) -> Dict:
-    """Wall seconds of ``pytest --nbmake <folder>`` (target: under 180 s on 2 cores)."""
+    """Wall seconds of one ``pytest --nbmake`` round over ``folder`` (target: under 180 s on 2 cores)."""
     notebooks = sorted(Path(folder).glob("*.ipynb"))
     if not notebooks:
         return {"skipped": f"no notebooks in {folder!r}"}
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--nbmake", "-q", "-p", "no:cacheprovider",
-                           *map(str, notebooks)], capture_output=True, text=True, timeout=timeout)
+    results = selfcheck.notebook_round(notebooks, timeout)
     seconds = time.perf_counter() - t0
-    failed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("FAILED ")]
+    failed = [name for name, r in results.items() if not r["passed"]]
     return {"seconds": seconds, "ratio": seconds / 180.0, "notebooks": [n.name for n in notebooks],
-            "passed": proc.returncode == 0, "failed": failed,
-            "summary": (proc.stdout.strip().splitlines() or [""])[-1]}
+            "passed": not failed, "failed": failed,
+            "summary": f"{len(results) - len(failed)} of {len(results)} notebooks passed"}
 
 
 # -- Analysis -------------------------------------------------------------------
@@ -448,14 +448,35 @@ def headline_numbers(results: Dict) -> Dict[str, float]:
     }
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes, steps and repeats (about 30 s)")
     parser.add_argument("--out", default=None, help="folder for bench.json and the figures")
-    parser.add_argument("--notebooks", action=argparse.BooleanOptionalAction, default=None,
-                        help="time `pytest --nbmake notebooks/` (default: in full mode only)")
+    parser.add_argument("--notebooks", nargs="?", type=_positive_int, const=0, default=None, metavar="N",
+                        help="alone: time one `pytest --nbmake notebooks/` round in the bench (the default "
+                             "in full mode); with N: skip the rest and run the notebook suite N times, "
+                             "printing how often each notebook passed")
+    parser.add_argument("--no-notebooks", dest="notebooks", action="store_const", const=-1,
+                        help="do not time the notebook suite")
+    parser.add_argument("--busy-core", nargs="?", type=int, const=-1, default=0, metavar="K",
+                        help="with --notebooks N: keep one core busy during the last K rounds "
+                             "(all rounds without K), as on a shared classroom server")
     args = parser.parse_args(argv)
-    results = run_bench(args.quick, args.out, args.notebooks)
+    if args.notebooks is not None and args.notebooks > 0:  # N rounds of the notebook suite, nothing else
+        busy = args.notebooks if args.busy_core < 0 else args.busy_core
+        result = selfcheck.notebook_rounds(args.notebooks, busy)
+        print(selfcheck.format_rounds(result), flush=True)
+        return 0 if result.get("passed") == result.get("runs") else 1
+    if args.busy_core:
+        parser.error("--busy-core goes with --notebooks N")
+    results = run_bench(args.quick, args.out, None if args.notebooks is None else args.notebooks == 0)
     print(format_table(results), flush=True)
     if args.out:
         print(f"saved {Path(args.out) / 'bench.json'} and figures", flush=True)

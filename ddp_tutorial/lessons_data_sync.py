@@ -148,9 +148,11 @@ def train(world_size: int, args: Sequence[str], echo: str = "rank0", timeout: fl
 def num_buckets(run: Run, rank: int = 0) -> int:
     """Gradient buckets DDP all-reduces per sync (after its first-iteration rebuild).
 
-    DDP caps its first bucket at 1 MB until it rebuilds the buckets after the
-    first backward, so with a small ``--bucket-cap-mb`` the first sync may use
-    fewer buckets than the later ones; with the default cap this model has one.
+    In its first backward DDP puts every gradient in one bucket (it does not yet
+    know the order in which they become ready); from the second on it uses
+    buckets rebuilt in that order, so with a small ``--bucket-cap-mb`` the
+    first sync has fewer all-reduces than the later ones. The tutorial model
+    (12 KB of gradients) has one bucket with any cap above that.
     """
     logging = run.summaries[rank]["ddp_logging"]
     sizes = logging.get("rebuilt_bucket_sizes") or logging.get("bucket_sizes")

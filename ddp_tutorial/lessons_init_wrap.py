@@ -205,7 +205,11 @@ def gradient_check(run) -> dict:
 
 
 def bucket_rows(run, model: str = "deep", rank: int = 0) -> List[dict]:
-    """Per ``bucket_cap_mb`` tried on ``model`` ("deep" or "Model"): buckets and all-reduces.
+    """Per ``bucket_cap_mb`` tried on ``model``: buckets and all-reduces.
+
+    ``model`` is "deep" (one row per cap tried), "deep, DDP default" (the deep
+    model wrapped without ``bucket_cap_mb``; its cap is None) or "Model" (the
+    tutorial model, DDP's default buckets).
 
     ``allreduces_first`` counts the first backward (DDP's initial buckets);
     ``allreduces_per_step`` the later ones, after DDP rebuilt its buckets in
@@ -230,7 +234,8 @@ def format_buckets(rows: List[dict]) -> str:
     lines = []
     for r in rows:
         sizes = ", ".join(f"{s / 1024:.0f}" for s in r["rebuilt_bucket_sizes"])
-        lines.append(f"bucket_cap_mb={r['bucket_cap_mb']:<5g} {r['num_buckets']} bucket(s) [{sizes}] KiB; "
+        cap = "None" if r["bucket_cap_mb"] is None else f"{r['bucket_cap_mb']:g}"
+        lines.append(f"bucket_cap_mb={cap:<5} {r['num_buckets']} bucket(s) [{sizes}] KiB; "
                      f"all-reduces per backward: {r['allreduces_all_steps']}")
     return "\n".join(lines)
 

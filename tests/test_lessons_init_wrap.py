@@ -89,6 +89,16 @@ def test_one_allreduce_per_bucket_and_more_as_the_cap_shrinks(wrap_run):
     assert counts[0] == 1 and counts == sorted(counts) and counts[-1] > counts[1] > counts[0]
 
 
+def test_ddp_default_is_not_bucket_cap_25(wrap_run):
+    # bucket_cap_mb=None: a first bucket of dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB), then 25 MiB.
+    (default,) = lessons.bucket_rows(wrap_run, model="deep, DDP default")
+    (explicit,) = [r for r in lessons.bucket_rows(wrap_run, model="deep") if r["bucket_cap_mb"] == 25]
+    assert default["bucket_cap_mb"] is None
+    assert default["num_buckets"] == 2 and default["rebuilt_bucket_sizes"][0] >= 2 ** 20
+    assert sum(default["rebuilt_bucket_sizes"]) == default["param_bytes"]
+    assert explicit["num_buckets"] == 1
+
+
 def test_every_rank_sees_the_same_buckets(wrap_run):
     assert lessons.bucket_rows(wrap_run, rank=0) == lessons.bucket_rows(wrap_run, rank=1)
 

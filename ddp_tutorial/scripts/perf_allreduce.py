@@ -3,11 +3,14 @@
     python -c "import ddp_tutorial as d; d.launch(d.scripts_path('perf_allreduce.py'), 2, ['--quick'])"
     torchrun --standalone --nproc-per-node 4 ddp_tutorial/scripts/perf_allreduce.py
 
-Each size: a few warm-up calls, then ``--rounds`` rounds of a timed loop that starts
-after a barrier; the fastest round gives the seconds of one all-reduce (on a shared
-machine, noise only ever adds time), the median round ``median_seconds``. Rank 0 reports
-``sweep`` (one dict per size), ``memcpy_Bps`` (the bandwidth ceiling of one copy),
-and on CUDA ``cuda_sweep`` timed with CUDA events on the GPU's own clock.
+Each size: a few warm-up calls, then ``--rounds`` rounds of calls that start together
+after a barrier, each call timed on its own. ``seconds`` is the lower quartile of
+all calls: on a shared machine noise only ever adds time (a rank that is not scheduled
+makes its peer wait), and a call that nobody disturbed is the one the cost model
+describes. A whole-loop minimum is not robust enough here: one 40-call loop rarely
+escapes every interruption on a busy 2-core machine. ``median_seconds`` is the median
+call. Rank 0 reports ``sweep`` (one dict per size), ``memcpy_Bps`` (the bandwidth
+ceiling of one copy), and on CUDA ``cuda_sweep`` timed with CUDA events on the GPU's own clock.
 """
 
 import argparse
@@ -28,15 +31,17 @@ def iterations_for(nbytes: int, quick: bool) -> int:
     return max(2, min(40 if quick else 100, budget // nbytes))
 
 
-def wall_clock_round(tensor, iters: int, device) -> float:
-    """Seconds of one all-reduce, from a loop of ``iters`` started together after a barrier."""
+def wall_clock_calls(tensor, iters: int, device) -> list:
+    """Seconds of each of ``iters`` all-reduces, started together after a barrier."""
     dist.barrier()
-    t0 = time.perf_counter()
+    times = []
     for _ in range(iters):
+        t0 = time.perf_counter()
         dist.all_reduce(tensor)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # nccl returns before the GPU finishes
-    return (time.perf_counter() - t0) / iters
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # nccl returns before the GPU finishes
+        times.append(time.perf_counter() - t0)
+    return times
 
 
 def cuda_event_round(tensor, iters: int) -> float:
@@ -85,8 +90,9 @@ def main() -> None:
             iters = iterations_for(nbytes, args.quick)
             for _ in range(2):  # warm-up: first calls set up buffers and connections
                 dist.all_reduce(tensor)
-            times = [wall_clock_round(tensor, iters, env.device) for _ in range(rounds)]
-            sweep.append({"world_size": env.world_size, "bytes": nbytes, "seconds": min(times),
+            times = [t for _ in range(rounds) for t in wall_clock_calls(tensor, iters, env.device)]
+            sweep.append({"world_size": env.world_size, "bytes": nbytes,
+                          "seconds": statistics.quantiles(times, n=4)[0],  # lower quartile
                           "median_seconds": statistics.median(times), "iters": iters})
             if env.device.type == "cuda":
                 gpu_s = min(cuda_event_round(tensor, iters) for _ in range(rounds))

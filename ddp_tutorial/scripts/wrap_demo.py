@@ -12,9 +12,9 @@ Three measurements in one run, each handed back with ``report`` under a ``part``
   rebuilds every rank's batch from the shared seed and runs one plain
   (non-DDP) backward on their concatenation, and reports the largest difference
   (``max_abs_diff``) next to the difference from its purely local gradient.
-- ``buckets``: for the tutorial model, and for a deeper model under each
-  ``--bucket-caps`` value, DDP's bucket sizes (bytes) and the all-reduces one
-  backward performs, counted by ``train.SyncTimer``.
+- ``buckets``: for the tutorial model, and for a deeper model with DDP's default
+  buckets and under each ``--bucket-caps`` value, DDP's bucket sizes (bytes) and
+  the all-reduces one backward performs, counted by ``train.SyncTimer``.
 
 It always runs on CPU with gloo: the lesson is what DDP computes, not how fast.
 
@@ -117,9 +117,11 @@ def deep_model(width: int = 256, depth: int = 8) -> nn.Module:
     return nn.Sequential(*layers, nn.Linear(width, 20))
 
 
-def count_allreduces(model: nn.Module, bucket_cap_mb: float, args, rank: int) -> dict:
-    """Wrap ``model`` with ``bucket_cap_mb``, run a few backward passes, count all-reduces."""
+def count_allreduces(model: nn.Module, bucket_cap_mb, args, rank: int) -> dict:
+    """Wrap ``model`` with ``bucket_cap_mb`` (None: DDP's default), run a few backward passes, count all-reduces."""
     torch.manual_seed(args.seed)
+    # bucket_cap_mb=None is DDP's own default, which is not the same as 25: the first
+    # bucket is then capped at dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB), the rest at 25 MiB.
     ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
     timer = train.SyncTimer()
     ddp.register_comm_hook(timer, train.SyncTimer.hook)
@@ -137,8 +139,10 @@ def count_allreduces(model: nn.Module, bucket_cap_mb: float, args, rank: int) ->
 
 
 def buckets(args, rank: int) -> None:
-    small = count_allreduces(train.Model(), 25.0, args, rank)
+    small = count_allreduces(train.Model(), None, args, rank)
     report({"part": "buckets", "model": "Model", **small})
+    default = count_allreduces(deep_model(), None, args, rank)  # DDP(model) with no bucket_cap_mb
+    report({"part": "buckets", "model": "deep, DDP default", **default})
     for cap in args.bucket_caps:
         record = count_allreduces(deep_model(), cap, args, rank)
         report({"part": "buckets", "model": "deep", **record})
