@@ -337,3 +337,34 @@ def launch_on_taken_port(script: str = TEARDOWN_SCRIPT, timeout: float = 30.0):
         except WorkerError as error:
             return error
     return None
+
+
+# -- Lesson 04: which micro-batches a step schedule applies -----------------------
+SCHEDULE_SCRIPT = scripts_path("schedule_demo.py")
+
+
+def run_schedule_demo(bug: bool, micro_per_epoch: int = 6, accum_steps: int = 4, epochs: int = 2,
+                      world_size: int = 2, timeout: float = 60.0) -> Dict[str, object]:
+    """Launch ``schedule_demo.py``: per optimizer step, exactly which micro-batches it applied.
+
+    Returns rank 0's report: ``steps`` (``epoch``, ``micro``, ``applied`` as
+    ``[rank, epoch, micro]`` lists) and ``lost`` (per rank, micro-batches never applied).
+    """
+    args = ["--micro", str(micro_per_epoch), "--accum-steps", str(accum_steps), "--epochs", str(epochs)]
+    run = launch(SCHEDULE_SCRIPT, world_size, args + ["--bug"] * bug, echo="none", timeout=timeout)
+    return run.results(0)[-1]
+
+
+def applied_micro_batches(report: Dict[str, object], rank: int = 0) -> List[List[tuple]]:
+    """Per optimizer step, the ``(epoch, micro)`` of ``rank`` it applied."""
+    return [sorted((e, m) for r, e, m in step["applied"] if r == rank) for step in report["steps"]]
+
+
+def print_schedule_demo(report: Dict[str, object], title: str) -> None:
+    """One line per optimizer step: after which micro-batch, and the micro-batches in it."""
+    print(title)
+    for step, applied in zip(report["steps"], applied_micro_batches(report)):
+        names = ", ".join(f"e{e}:{m}" for e, m in applied)
+        print(f"  step after epoch {step['epoch']} micro {step['micro']}: applies {names}")
+    lost = sorted((e, m) for r, e, m in report["lost"][0])
+    print(f"  never applied: {', '.join(f'e{e}:{m}' for e, m in lost) or 'nothing'}")

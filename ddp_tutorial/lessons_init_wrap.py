@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from ddp_tutorial import config
-from ddp_tutorial.launcher import LaunchError, WorkerError, launch, port_taken, scripts_path
+from ddp_tutorial.launcher import LaunchError, LaunchTimeout, WorkerError, launch, port_taken, scripts_path
 from ddp_tutorial.lessons_data_sync import hold_port
 
 INIT_SCRIPT = scripts_path("init_demo.py")
@@ -89,9 +89,9 @@ def run_init_demo(world_size: int, threads: int = 1, echo: str = "none", **launc
 def init_rows(run) -> List[dict]:
     """One row per rank: its init time split into waiting for peers and setting up.
 
-    ``wait_s`` runs from this rank's call to the last rank's call (nobody can
-    finish before everyone has arrived); ``setup_s`` from that last arrival to
-    this rank's return: the store handshake and the backend's connections.
+    ``wait_s`` runs from this rank's call to the last rank's call (with gloo
+    nobody can finish before everyone has arrived); ``setup_s`` from that last
+    arrival to this rank's return: the store handshake and the backend's connections.
     """
     results = {rank: recs[-1] for rank, recs in rank_results(run).items()}
     last_arrival = max(r["arrive_time"] for r in results.values())
@@ -100,7 +100,9 @@ def init_rows(run) -> List[dict]:
         rows.append({"rank": rank, "world_size": r["world_size"], "init_s": r["init_s"],
                      "wait_s": last_arrival - r["arrive_time"], "setup_s": r["done_time"] - last_arrival,
                      "all_reduce_sum": r["all_reduce_sum"], "torch_threads": r["torch_threads"],
-                     "default_threads": r["default_threads"], "cpu_count": r["cpu_count"]})
+                     "default_threads": r["default_threads"], "cpu_count": r["cpu_count"],
+                     "default_pg_timeout_s": r["default_pg_timeout_s"],
+                     "default_pg_nccl_timeout_s": r["default_pg_nccl_timeout_s"]})
     return rows
 
 
@@ -130,10 +132,18 @@ def format_threads(rows: List[dict]) -> str:
                  f"{sum(r['torch_threads'] for r in rows)}")
     return "\n".join(lines)
 
-def launch_wrong_world_size(world_size: int = 2, claimed: int = 3, timeout: float = 6.0):
-    """Start ``world_size`` ranks that each believe WORLD_SIZE is ``claimed``: init waits for
-    ranks that never come, so the launch ends in ``LaunchTimeout`` after ``timeout`` s."""
-    return run_init_demo(world_size, echo="all", env={"WORLD_SIZE": str(claimed)}, timeout=timeout)
+def launch_wrong_world_size(world_size: int = 2, claimed: int = 3, timeout: float = 6.0) -> LaunchTimeout:
+    """Start ``world_size`` ranks that each believe WORLD_SIZE is ``claimed``.
+
+    init waits for ranks that never come, so the launch ends in ``LaunchTimeout``
+    after ``timeout`` s. Returns that error (caught here, so a notebook checks
+    this launch's error and no other); raises RuntimeError if the launch did not time out.
+    """
+    try:
+        run_init_demo(world_size, echo="all", env={"WORLD_SIZE": str(claimed)}, timeout=timeout)
+    except LaunchTimeout as err:
+        return err
+    raise RuntimeError(f"{world_size} ranks told WORLD_SIZE={claimed} finished: expected a LaunchTimeout")
 
 
 def ranks_stuck_in_init(err: LaunchError) -> List[int]:

@@ -7,7 +7,9 @@ Each rank prints one line and, under ``launch``, reports (``run.result(rank, key
 ``arrive_time`` and ``done_time`` (wall clock before and after init), ``init_s``,
 ``all_reduce_sum`` (expected: 1 + 2 + ... + world_size), ``backend``, ``master_port``,
 ``torch_threads`` (threads this rank runs) and ``default_threads`` (torch's own
-choice without OMP_NUM_THREADS), ``cpu_count``.
+choice without OMP_NUM_THREADS), ``cpu_count``, and the process-group timeouts
+torch uses when ``init_process_group`` gets no ``timeout``: ``default_pg_timeout_s``
+(gloo and the others) and ``default_pg_nccl_timeout_s`` (None in a build without nccl).
 
 Flags:
     --threads N    torch threads per rank (default 1); 0 keeps torch's default.
@@ -24,6 +26,7 @@ _LAUNCHER_OMP = os.environ.pop("OMP_NUM_THREADS", None)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from torch.distributed import constants  # noqa: E402
 
 from ddp_tutorial.metrics import report  # noqa: E402
 
@@ -52,7 +55,8 @@ def main() -> None:
     arrive_time = time.time()
     t0 = time.perf_counter()
     # Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment; rank 0
-    # hosts the TCP store there, and the call returns once every rank has checked in.
+    # hosts the TCP store there. With gloo the call returns once every rank has
+    # connected to every other; nccl connects lazily, at the first collective.
     dist.init_process_group(backend)
     init_s = time.perf_counter() - t0
     done_time = time.time()
@@ -67,7 +71,10 @@ def main() -> None:
                 "arrive_time": arrive_time, "done_time": done_time, "init_s": init_s,
                 "all_reduce_sum": x.item(), "torch_threads": torch.get_num_threads(),
                 "default_threads": default_threads, "launcher_omp_num_threads": _LAUNCHER_OMP,
-                "cpu_count": os.cpu_count()})
+                "cpu_count": os.cpu_count(),
+                "default_pg_timeout_s": constants.default_pg_timeout.total_seconds(),
+                "default_pg_nccl_timeout_s": (constants.default_pg_nccl_timeout.total_seconds()
+                                              if constants.default_pg_nccl_timeout else None)})
         dist.barrier()  # nobody tears down while a peer still needs the store
     finally:
         dist.destroy_process_group()
