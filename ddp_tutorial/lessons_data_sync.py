@@ -322,21 +322,21 @@ def hold_port(host: str = "127.0.0.1") -> Iterator[int]:
         yield s.getsockname()[1]
 
 
-def launch_on_taken_port(script: str = TEARDOWN_SCRIPT, timeout: float = 30.0):
-    """Launch one rank with ``master_port`` set to a port another program listens on.
+PEER_EXIT_SCRIPT = scripts_path("peer_exit_demo.py")
 
-    This is the original demo's hard-coded ``MASTER_PORT = "12345"`` when an
-    earlier job still holds 12345. Returns the ``WorkerError``, or None if the
-    launch unexpectedly succeeded.
+
+def peer_gone(world_size: int = 2, pg_timeout: float = 60.0, timeout: float = 90.0) -> Dict[str, object]:
+    """Launch ``peer_exit_demo.py``: the last rank vanishes; how fast does a survivor's all_reduce fail?
+
+    Returns rank 0's report: ``seconds_to_error``, ``error_type``, ``error``, ``pg_timeout_s``.
     """
-    from ddp_tutorial.launcher import WorkerError
+    run = launch(PEER_EXIT_SCRIPT, world_size, ["--pg-timeout", str(pg_timeout)], echo="none", timeout=timeout)
+    return run.results(0)[-1]
 
-    with hold_port() as port:
-        try:
-            launch(script, 1, master_port=port, timeout=timeout, echo="none")
-        except WorkerError as error:
-            return error
-    return None
+
+def exit_without_teardown(world_size: int = 2, timeout: float = 60.0) -> Run:
+    """Launch ``peer_exit_demo.py --no-teardown``: every rank returns without ``destroy_process_group``."""
+    return launch(PEER_EXIT_SCRIPT, world_size, ["--no-teardown"], echo="all", timeout=timeout)
 
 
 # -- Lesson 04: which micro-batches a step schedule applies -----------------------

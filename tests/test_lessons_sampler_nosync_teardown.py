@@ -201,11 +201,22 @@ def test_port_check_and_worker_check():
     assert not lessons.worker_alive(2 ** 22 + 1)  # above Linux's pid limit: no such process
 
 
-def test_taken_master_port_fails_the_launch(launch_in_tmp):
-    error = launch_in_tmp(lessons.launch_on_taken_port)
-    assert isinstance(error, ddp_tutorial.WorkerError) and error.rank == 0
-    assert "EADDRINUSE" in error.traceback or "address already in use" in error.traceback.lower()
-    assert lessons.leftovers(error.run)["alive_pids"] == []
+def test_a_surviving_gloo_rank_fails_at_once_when_its_peer_is_gone():
+    report = lessons.peer_gone(world_size=2, pg_timeout=60)
+    assert report["error_type"] == "RuntimeError", report
+    assert "peer" in report["error"].lower(), report  # "Connection closed by peer" / "reset by peer"
+    assert report["seconds_to_error"] < report["pg_timeout_s"] / 10, report
+
+
+def test_schedule_demo_names_the_micro_batches_each_step_applies():
+    original = lessons.run_schedule_demo(bug=True, micro_per_epoch=6, accum_steps=4, epochs=2)
+    assert lessons.applied_micro_batches(original) == [[(0, 0)], [(0, 1), (0, 2), (0, 3), (0, 4)],
+                                                      [(0, 5), (1, 0)], [(1, 1), (1, 2), (1, 3), (1, 4)]]
+    assert original["lost"] == [[[0, 1, 5]], [[1, 1, 5]]]
+    fixed = lessons.run_schedule_demo(bug=False, micro_per_epoch=6, accum_steps=4, epochs=2)
+    assert lessons.applied_micro_batches(fixed) == [[(0, 0), (0, 1), (0, 2), (0, 3)], [(0, 4), (0, 5)],
+                                                   [(1, 0), (1, 1), (1, 2), (1, 3)], [(1, 4), (1, 5)]]
+    assert fixed["lost"] == [[], []]
 
 
 def test_crashing_rank_is_reported_and_nothing_survives(launch_in_tmp):
