@@ -109,6 +109,17 @@ def ddp_lab(world_size: int = 2, quick: bool = False, sections: Optional[Sequenc
     return run.results(0)[-1]
 
 
+def grad_view(world_size: int = 2, steps: int = 8, width: int = 256, timeout: float = 120.0) -> List[Dict]:
+    """Where the gradients live with and without ``gradient_as_bucket_view`` (one launch).
+
+    Returns one row per (view, set_to_none): ``grad_storages``, ``buckets``,
+    ``grad_bytes``, ``bucket_bytes``, ``grad_bytes_inside_buckets`` and the median ``step_s``.
+    """
+    run = launch(scripts_path("perf_grad_view.py"), world_size, ["--steps", str(steps), "--width", str(width)],
+                 timeout=timeout, echo="none")
+    return run.result(0, "grad_view")
+
+
 def import_torch_seconds(repeats: int = 1) -> float:
     """Wall seconds of ``python -c "import torch"``: what every rank pays before it does anything."""
     times = []

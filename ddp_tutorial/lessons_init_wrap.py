@@ -132,11 +132,12 @@ def format_threads(rows: List[dict]) -> str:
                  f"{sum(r['torch_threads'] for r in rows)}")
     return "\n".join(lines)
 
-def launch_wrong_world_size(world_size: int = 2, claimed: int = 3, timeout: float = 6.0) -> LaunchTimeout:
+def launch_wrong_world_size(world_size: int = 2, claimed: int = 3, timeout: float = 15.0) -> LaunchTimeout:
     """Start ``world_size`` ranks that each believe WORLD_SIZE is ``claimed``.
 
     init waits for ranks that never come, so the launch ends in ``LaunchTimeout``
-    after ``timeout`` s. Returns that error (caught here, so a notebook checks
+    after ``timeout`` s. The deadline must leave the ranks time to import torch
+    and reach ``init_process_group`` first: seconds on a busy shared machine. Returns that error (caught here, so a notebook checks
     this launch's error and no other); raises RuntimeError if the launch did not time out.
     """
     try:

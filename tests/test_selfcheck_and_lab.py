@@ -1,0 +1,52 @@
+"""The kit's self-check (notebook rounds) and the lab's exact measurements."""
+
+import json
+
+import pytest
+
+from ddp_tutorial import bench, selfcheck
+
+
+def _notebook(path, source):
+    cell = {"cell_type": "code", "execution_count": None, "id": "c1", "metadata": {}, "outputs": [],
+            "source": [source]}
+    path.write_text(json.dumps({"cells": [cell], "metadata": {"kernelspec": {
+        "display_name": "Python 3", "language": "python", "name": "python3"}},
+        "nbformat": 4, "nbformat_minor": 5}))
+
+
+def test_notebook_rounds_count_passes_per_notebook(tmp_path):
+    _notebook(tmp_path / "a_passes.ipynb", "assert 1 + 1 == 2")
+    _notebook(tmp_path / "b_fails.ipynb", "assert False, 'a false claim'")
+    result = selfcheck.notebook_rounds(rounds=2, busy_rounds=1, folder=str(tmp_path), echo=False)
+    assert result["per_notebook"]["a_passes.ipynb"]["passes"] == 2
+    assert result["per_notebook"]["b_fails.ipynb"]["passes"] == 0
+    assert (result["passed"], result["runs"]) == (2, 4)
+    assert [r["busy_core"] for r in result["rounds"]] == [False, True]
+    table = selfcheck.format_rounds(result)
+    assert "2/4 notebook runs passed" in table and "b_fails.ipynb" in table
+
+
+def test_busy_core_spins_and_stops():
+    with selfcheck.busy_core() as pid:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            assert selfcheck.SPIN.encode() in f.read()
+    with pytest.raises(FileNotFoundError):
+        open(f"/proc/{pid}/cmdline", "rb").close()
+
+
+def test_bench_cli_refuses_busy_core_without_notebooks(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--busy-core", "2"])
+    assert "--busy-core goes with --notebooks N" in capsys.readouterr().err
+
+
+def test_gradient_as_bucket_view_puts_every_grad_inside_a_bucket():
+    rows = bench.grad_view(world_size=2, steps=2)
+    assert len(rows) == 4
+    for r in rows:
+        assert r["bucket_bytes"] >= r["grad_bytes"] > 0
+        if r["gradient_as_bucket_view"]:  # views, with zero_grad(set_to_none=True) too
+            assert r["grad_bytes_inside_buckets"] == r["grad_bytes"] and r["grad_storages"] == r["buckets"]
+        else:  # a second copy of every gradient, beside the buckets
+            assert r["grad_bytes_inside_buckets"] == 0 and r["grad_storages"] == 18
