@@ -53,13 +53,16 @@ def notebook_round(notebooks: Sequence[Path], timeout: float = 900.0) -> Dict[st
             subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             pass
-        results = {nb.name: {"passed": False, "seconds": float("nan")} for nb in notebooks}
+        results = {nb.name: {"passed": False, "seconds": float("nan"), "error": "did not run"}
+                   for nb in notebooks}
         if report.exists():
             for case in ET.parse(report).getroot().iter("testcase"):
                 name = case.get("name", "").split("::")[0]
                 if name in results:
-                    failed = any(child.tag in ("failure", "error") for child in case)
-                    results[name] = {"passed": not failed, "seconds": float(case.get("time", "nan"))}
+                    problems = [child for child in case if child.tag in ("failure", "error")]
+                    results[name] = {"passed": not problems, "seconds": float(case.get("time", "nan"))}
+                    if problems:  # the end of nbmake's report names the failing cell's error
+                        results[name]["error"] = (problems[0].text or problems[0].get("message", ""))[-600:]
     return results
 
 
@@ -120,4 +123,9 @@ def format_rounds(result: Dict) -> str:
         lines.append(f"  {name:<32} {p['passes']:>3}/{p['runs']:<3} {p['median_seconds']:>9.1f}")
     lines.append("  round times: " + ", ".join(
         f"{r['seconds']:.0f} s" + (" (busy)" if r["busy_core"] else "") for r in rounds))
+    for i, r in enumerate(rounds):
+        for name, res in r["results"].items():
+            if not res["passed"]:
+                tail = " ".join(res.get("error", "").split())[-300:]
+                lines.append(f"  round {i + 1}, {name}: {tail}")
     return "\n".join(lines)
