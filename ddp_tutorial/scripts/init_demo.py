@@ -11,7 +11,7 @@ choice without OMP_NUM_THREADS), ``cpu_count``.
 
 Flags:
     --threads N    torch threads per rank (default 1); 0 keeps torch's default.
-    --backend B    auto (nccl with CUDA, else gloo), gloo or nccl.
+    --backend B    auto (nccl when every rank has a GPU of its own, else gloo), gloo or nccl.
 """
 
 import argparse
@@ -25,6 +25,7 @@ _LAUNCHER_OMP = os.environ.pop("OMP_NUM_THREADS", None)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from ddp_tutorial.backend import backend_for_this_node  # noqa: E402
 from ddp_tutorial.metrics import report  # noqa: E402
 
 
@@ -39,9 +40,7 @@ def main() -> None:
     args = parse_args()
     default_threads = torch.get_num_threads()
     torch.set_num_threads(args.threads or default_threads)
-    backend = args.backend
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend, _ = backend_for_this_node(args.backend)  # auto: nccl only with one GPU per rank
     device = torch.device("cpu")
     if backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
