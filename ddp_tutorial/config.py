@@ -8,17 +8,58 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
-#: The mistakes of the original demo that ``train.py`` can reproduce on request.
-BUGS = {
-    "forward-outside-no-sync": "run forward() outside no_sync(), so no_sync() skips nothing",
-    "sync-schedule": "sync and step on step % K == 0, so the first update follows one micro-batch",
-    "loss-not-scaled": "do not divide the loss by the accumulation steps K",
-    "per-rank-data": "every rank builds its own random dataset",
-    "no-set-epoch": "never call sampler.set_epoch(epoch), so every epoch repeats one order",
-    "random-labels": "draw random labels every step, so there is nothing to learn",
-}
+from ddp_tutorial.backend import BACKENDS
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """One mistake of the original demo: what goes wrong, the fix, and where it is measured.
+
+    Attributes:
+        name: the ``--bug NAME`` that reproduces it (or, for a mistake in how the
+            original launches, a name for the table).
+        what: what goes wrong.
+        fix: what the kit does instead.
+        notebooks: the notebooks that measure it, e.g. "04" or "01, 05".
+        function: the train.py function whose original version (``ddp_tutorial.original``)
+            ``--bug NAME`` runs; None for a mistake the launcher fixes, not train.py.
+    """
+
+    name: str
+    what: str
+    fix: str
+    notebooks: str
+    function: Optional[str] = None
+
+
+#: Every mistake of the original demo, in the order its code makes them. The
+#: ``--bug`` choices, notebook 00's table and the README's table come from this list.
+MISTAKES = (
+    Mistake("hard-coded-port", "MASTER_PORT=12345 for every run, so two jobs at once collide",
+            "a free port per launch", "01, 05"),
+    Mistake("default-threads", "8 processes with torch's default thread count each, on a small machine",
+            "one torch thread per rank", "01"),
+    Mistake("per-rank-data", "every rank draws its own random data",
+            "one dataset from a seed all ranks share; the sampler splits it", "03", "make_inputs"),
+    Mistake("no-set-epoch", "sampler.set_epoch(epoch) is never called, so every epoch repeats one order",
+            "start_epoch calls it at the start of every epoch", "03", "start_epoch"),
+    Mistake("random-labels", "fresh random labels every step, so there is nothing to learn",
+            "targets from a fixed, seeded teacher network", "00, 04", "loss_fn"),
+    Mistake("sync-schedule", "sync and step on step % K == 0, so the first update follows one micro-batch",
+            "sync on the last micro-batch of each window of K; a shorter last window still steps",
+            "04", "sync_schedule"),
+    Mistake("forward-outside-no-sync", "forward() runs outside no_sync(), so no_sync() skips nothing",
+            "forward and backward both inside no_sync()", "04", "micro_step"),
+    Mistake("loss-not-scaled", "the loss is not divided by K, so the accumulated gradient is K times "
+            "too large", "each loss divided by its window's size: one K times larger batch, exactly",
+            "04", "loss_divisors"),
+)
+
+#: ``--bug NAME`` -> what goes wrong: the mistakes train.py can reproduce.
+BUGS = {m.name: m.what for m in MISTAKES if m.function}
 
 
 class ConfigError(ValueError):
@@ -48,11 +89,12 @@ def add_training_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="seed shared by all ranks (default: 0)")
     g.add_argument("--straggler-ms", type=float, default=0.0,
                    help="each rank sleeps a random 0..N ms per micro-step; 0 turns it off (default: 0)")
-    g.add_argument("--bucket-cap-mb", type=float, default=25.0,
-                   help="DDP gradient bucket size in MB (default: 25, DDP's own default)")
-    g.add_argument("--backend", choices=["auto", "gloo", "nccl"],
-                   default=os.environ.get("DDP_TUTORIAL_BACKEND", "auto"),
-                   help="process-group backend; auto picks nccl when CUDA is present, else gloo")
+    g.add_argument("--bucket-cap-mb", type=float, default=None, metavar="MIB",
+                   help="DDP gradient bucket size in MiB (default: DDP's own, 25 MiB with the first "
+                        "bucket capped at 1 MiB; an explicit 25 caps the first bucket at 25 MiB too)")
+    g.add_argument("--backend", choices=BACKENDS, default=os.environ.get("DDP_TUTORIAL_BACKEND", "auto"),
+                   help="process-group backend; auto: nccl when every rank on a node has a GPU of "
+                        "its own, gloo otherwise (rank 0 prints which and why)")
     g.add_argument("--threads", type=int, default=1,
                    help="torch threads per rank on CPU; 0 keeps torch's default (OMP_NUM_THREADS "
                         "if set, as launch and torchrun do, else one per core: N ranks x all "
@@ -105,7 +147,7 @@ def validate(args: argparse.Namespace, world_size: int) -> argparse.Namespace:
         raise ConfigError(f"--lr must be positive, got {args.lr}")
     if args.straggler_ms < 0:
         raise ConfigError(f"--straggler-ms must be 0 or more, got {args.straggler_ms}")
-    if args.bucket_cap_mb <= 0:
+    if args.bucket_cap_mb is not None and args.bucket_cap_mb <= 0:  # None: DDP's own default
         raise ConfigError(f"--bucket-cap-mb must be positive, got {args.bucket_cap_mb}")
     if args.threads < 0:
         raise ConfigError(f"--threads must be 0 or more, got {args.threads}")

@@ -189,19 +189,21 @@ def optimizer_step_micros(run: Run, rank: int = 0) -> List[int]:
 
 
 def planned_step_micros(num_batches: int, accum_steps: int, bug: bool = False) -> List[int]:
-    """Micro-batch indices after which ``train.sync_schedule`` plans an optimizer step."""
-    from ddp_tutorial.train import sync_schedule
+    """Micro-batch indices after which ``train.sync_schedule`` (``original.sync_schedule`` with
+    ``bug``) plans an optimizer step."""
+    from ddp_tutorial import original, train
 
-    return [i for i, (sync, _) in enumerate(sync_schedule(num_batches, accum_steps, bug)) if sync]
+    schedule = (original if bug else train).sync_schedule
+    return [i for i, sync in enumerate(schedule(num_batches, accum_steps)) if sync]
 
 
 def show_sync_schedule(num_batches: int, accum_steps: int) -> None:
-    """The plan of ``train.sync_schedule`` with and without the original's off-by-one."""
-    from ddp_tutorial.train import sync_schedule
+    """The plan of ``train.sync_schedule`` beside the original's off-by-one (``original.sync_schedule``)."""
+    from ddp_tutorial import original, train
 
     for bug in (True, False):
-        plan = sync_schedule(num_batches, accum_steps, bug)
-        marks = "".join("S" if sync else "." for sync, _ in plan)
+        plan = (original if bug else train).sync_schedule(num_batches, accum_steps)
+        marks = "".join("S" if sync else "." for sync in plan)
         print(f"{'original (i % K == 0)' if bug else 'fixed (last of each K)':<24} {marks}   "
               f"steps after micro-batches {planned_step_micros(num_batches, accum_steps, bug)}")
     print("S = sync and optimizer step, . = accumulate under no_sync")

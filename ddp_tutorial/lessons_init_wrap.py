@@ -11,7 +11,6 @@ Each helper launches a lesson script from ``ddp_tutorial/scripts`` or turns a
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from ddp_tutorial import config
@@ -23,37 +22,13 @@ WRAP_SCRIPT = scripts_path("wrap_demo.py")
 
 
 # -- Notebook 00: the original demo's mistakes --------------------------------
-@dataclass(frozen=True)
-class Mistake:
-    """One mistake of the original demo and the notebook that measures it."""
-
-    name: str
-    what: str
-    notebooks: str
-
-
-#: Mistakes that are not ``--bug`` flags of train.py, because they are about the launch.
-LAUNCH_MISTAKES = {
-    "hard-coded-port": ("MASTER_PORT=12345 for every run, so two jobs at once collide", "01, 05"),
-    "default-threads": ("8 processes with torch's default thread count each, on a small machine", "01"),
-}
-
-#: Which notebook measures each ``--bug`` of train.py.
-BUG_NOTEBOOKS = {
-    "forward-outside-no-sync": "04",
-    "sync-schedule": "04",
-    "loss-not-scaled": "04",
-    "per-rank-data": "03",
-    "no-set-epoch": "03",
-    "random-labels": "00, 04",
-}
+#: One mistake of the original demo (``config.Mistake``): name, what, fix, notebooks, function.
+Mistake = config.Mistake
 
 
 def mistakes() -> List[Mistake]:
-    """Every mistake of the original demo, from ``config.BUGS`` plus the launch ones."""
-    rows = [Mistake(name, what, BUG_NOTEBOOKS[name]) for name, what in config.BUGS.items()]
-    rows += [Mistake(name, what, nbs) for name, (what, nbs) in LAUNCH_MISTAKES.items()]
-    return rows
+    """Every mistake of the original demo, from the one list ``config.MISTAKES``."""
+    return list(config.MISTAKES)
 
 
 def format_mistakes(rows: Optional[Sequence[Mistake]] = None) -> str:

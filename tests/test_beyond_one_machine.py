@@ -20,7 +20,8 @@ import torch
 from conftest import processes_of_run
 
 from ddp_tutorial import (TRAIN_SCRIPT, LaunchConfigError, LaunchTimeout, WorkerError, config,
-                          free_port, launch, launcher, scripts_path, train)
+                          free_port, instrument, launch, launcher, scripts_path, train)
+from ddp_tutorial.backend import choose_backend
 from ddp_tutorial.checkpoint import load_checkpoint, save_checkpoint, temp_files
 from ddp_tutorial.metrics import Run
 
@@ -222,24 +223,25 @@ def test_launch_max_restarts_resumes_from_the_last_checkpoint(tmp_path, uninterr
 
 def test_injected_failure_fires_on_the_first_attempt_only(monkeypatch):
     args = config.parse(["--fail-at-step", "3", "--fail-rank", "1"], world_size=2)
-    env = train.DistEnv(rank=1, world_size=2)
+    fault = instrument.Instrument.from_args(args).fault
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     with pytest.raises(RuntimeError, match="injected failure on rank 1 at step 3"):
-        train.maybe_fail(args, env, 3)
+        fault.fire_if_due(rank=1, step=3)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    train.maybe_fail(args, env, 3)  # the restarted group gets past it
+    fault.fire_if_due(rank=1, step=3)  # the restarted group gets past it
 
 
 def test_resume_refuses_a_checkpoint_of_another_world_size(tmp_path):
     ckpt = tmp_path / "ckpt.pt"
-    args = config.parse(SMALL + ["--checkpoint", str(ckpt)], world_size=2)
+    args = config.parse(SMALL + ["--checkpoint", str(ckpt), "--out", str(tmp_path / "run")], world_size=2)
     model = train.Model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    state = {"step": 0, "optimizer_steps": 0, "attempt": 0}
-    two_ranks = train.DistEnv(rank=0, world_size=2)
-    save_checkpoint(train.checkpoint_state(model, optimizer, args, two_ranks, state, 0, 4, 8), ckpt)
+    settings = {"world_size": 2, "batch_size": 16, "accum_steps": 2, "dataset_size": 256, "seed": 0}
+    counters = {"step": 0, "optimizer_steps": 0}
+    save_checkpoint(instrument.checkpoint_state(model, optimizer, settings, counters, 0, 4, 8), ckpt)
+    hooks = instrument.Instrument.from_args(args)
     with pytest.raises(ValueError, match="world_size"):
-        train.resume_from_checkpoint(model, optimizer, args, train.DistEnv(rank=0, world_size=4), state)
+        hooks.start(train.DistEnv(rank=0, world_size=4), model, optimizer, 8)
 
 
 def test_save_every_needs_a_checkpoint_path():
@@ -274,34 +276,21 @@ def test_uneven_inputs_with_join_finish_with_identical_parameters(tmp_path):
 
 
 # -- GPU / nccl guards (CPU-only checks of the selection logic) -------------------
+# (--backend auto with 0, 1 or 8 faked GPUs, and step 1's device: tests/test_backend.py)
 def fake_gpus(monkeypatch, count: int) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
 
 
-def test_auto_backend_is_nccl_with_cuda_and_gloo_without(monkeypatch):
-    fake_gpus(monkeypatch, 2)
-    assert train.resolve_backend("auto") == "nccl"
-    assert train.resolve_backend("gloo") == "gloo"
-    fake_gpus(monkeypatch, 0)
-    assert train.resolve_backend("auto") == "gloo"
-
-
-def test_each_rank_uses_the_gpu_of_its_local_rank(monkeypatch):
-    fake_gpus(monkeypatch, 4)
-    assert train.pick_device("nccl", local_rank=1, local_world_size=2) == torch.device("cuda", 1)
-    assert train.pick_device("gloo", local_rank=1, local_world_size=2) == torch.device("cpu")
-
-
 def test_fewer_gpus_than_ranks_per_node_is_a_clear_error(monkeypatch):
+    with pytest.raises(ValueError, match="4 ranks but has 2 GPU"):
+        choose_backend("nccl", gpus=2, local_world_size=4)
     fake_gpus(monkeypatch, 2)
-    with pytest.raises(RuntimeError, match="4 ranks but has 2 GPU"):
-        train.pick_device("nccl", local_rank=3, local_world_size=4)
     with pytest.raises(LaunchConfigError, match="world_size=4 but only 2 GPU"):
         launcher._check_nccl(4)
+    with pytest.raises(ValueError, match="needs CUDA"):
+        choose_backend("nccl", gpus=0, local_world_size=1)
     fake_gpus(monkeypatch, 0)
-    with pytest.raises(RuntimeError, match="needs CUDA"):
-        train.pick_device("nccl", local_rank=0, local_world_size=1)
     with pytest.raises(LaunchConfigError, match="needs CUDA"):
         launcher._check_nccl(1)
 
@@ -315,10 +304,10 @@ def test_launch_refuses_nccl_without_gpus_before_starting_anything(tmp_path):
 
 def test_every_rank_loads_the_checkpoint_onto_its_own_device(monkeypatch):
     seen = []
-    monkeypatch.setattr(train, "load_checkpoint",
+    monkeypatch.setattr(instrument, "load_checkpoint",
                         lambda path, map_location: seen.append(map_location))  # no file: a fresh start
-    args = config.parse(["--checkpoint", "unused.pt"], world_size=2)
+    args = config.parse(["--checkpoint", "unused.pt", "--no-metrics"], world_size=2)
     env = train.DistEnv(rank=1, world_size=2, local_rank=1, backend="nccl",
                         device=torch.device("cuda", 1))
-    assert train.resume_from_checkpoint(None, None, args, env, {"attempt": 0}) == (0, 0)
+    assert instrument.Instrument.from_args(args).start(env, None, None, 8) == 0
     assert seen == [torch.device("cuda", 1)]

@@ -20,7 +20,7 @@ from ddp_tutorial import lessons_data_sync as lessons  # noqa: E402
 from ddp_tutorial import plots  # noqa: E402
 from ddp_tutorial.metrics import Run  # noqa: E402
 from ddp_tutorial.scripts import sampler_demo  # noqa: E402
-from ddp_tutorial.train import make_dataset  # noqa: E402
+from ddp_tutorial import original  # noqa: E402
 
 # Sizes unlike the notebook's, so nothing depends on its numbers.
 WORLD, SIZE, EPOCHS, PAD_SIZE, SEED = 3, 12, 2, 10, 0
@@ -97,7 +97,7 @@ def test_fingerprints_show_one_shared_dataset_or_one_per_rank(sampler_run):
     assert {fp["digest"] for fp in shared.values()} == {local["digest"]}
     assert lessons.distinct_datasets(sampler_run, per_rank_bug=True) == WORLD
     per_rank = lessons.dataset_fingerprints(sampler_run, per_rank_bug=True)
-    x1 = make_dataset(64, SEED, rank=1, per_rank_bug=True).tensors[0]
+    x1 = original.make_inputs(64, SEED, rank=1)
     assert per_rank[1]["first_row"] == [round(v, 4) for v in x1[0, :4].tolist()]
 
 

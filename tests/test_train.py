@@ -1,5 +1,6 @@
 """train.py: exact equivalence with one big batch, skipped communication, and each fixed bug."""
 
+import inspect
 import os
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 import ddp_tutorial
-from ddp_tutorial import Run, launch, train
+from ddp_tutorial import Run, config, launch, original, train
 
 # 256 samples divide evenly by W*b*K = 16, so no sampler padding duplicates samples.
 COMMON = ["--dataset-size", "256", "--epochs", "2", "--seed", "3", "--lr", "0.05"]
@@ -109,12 +110,16 @@ def test_all_reduces_equal_optimizer_steps_times_buckets():
 
 
 def test_sync_schedule_steps_on_the_last_micro_batch_of_each_window():
-    assert train.sync_schedule(8, 4) == [(False, 4)] * 3 + [(True, 4)] + [(False, 4)] * 3 + [(True, 4)]
-    # The original: first update after a single micro-batch.
-    assert [sync for sync, _ in train.sync_schedule(8, 4, bug=True)] == [True, False, False, False] * 2
+    F, T = False, True
+    assert train.sync_schedule(8, 4) == [F, F, F, T, F, F, F, T]
+    assert train.loss_divisors(8, 4) == [4] * 8
+    # The original: first update after a single micro-batch, and no loss divided by K.
+    assert original.sync_schedule(8, 4) == [T, F, F, F] * 2
+    assert original.loss_divisors(8, 4) == [1] * 8
     # A trailing partial window still steps, with its loss divided by its own size.
-    assert train.sync_schedule(6, 4) == [(False, 4)] * 3 + [(True, 4), (False, 2), (True, 2)]
-    assert train.sync_schedule(3, 1) == [(True, 1)] * 3
+    assert train.sync_schedule(6, 4) == [F, F, F, T, F, T]
+    assert train.loss_divisors(6, 4) == [4, 4, 4, 4, 2, 2]
+    assert train.sync_schedule(3, 1) == [T] * 3 and train.loss_divisors(3, 1) == [1] * 3
 
 
 def run_in_process(tmp_path, *args) -> Run:
@@ -151,15 +156,24 @@ def test_teacher_labels_can_be_learned_and_random_labels_cannot(tmp_path):
     assert last > 0.5 * first  # nothing to learn: the loss stays near its floor of noise
 
 
-def test_every_rank_builds_the_same_dataset_unless_the_bug_is_on():
-    a, b = train.make_dataset(32, seed=5, rank=0), train.make_dataset(32, seed=5, rank=1)
-    assert torch.equal(a.tensors[0], b.tensors[0]) and torch.equal(a.tensors[1], b.tensors[1])
-    a, b = (train.make_dataset(32, seed=5, rank=r, per_rank_bug=True) for r in (0, 1))
-    assert not torch.equal(a.tensors[0], b.tensors[0])
+def test_every_rank_builds_the_same_dataset_unless_the_bug_is_on(monkeypatch):
+    def inputs_of(rank: int, bugs=()):
+        monkeypatch.setenv("RANK", str(rank))
+        with original.mistakes(bugs, train):  # as train.main runs it with --bug
+            return train.make_inputs(32, seed=5)
+
+    assert torch.equal(inputs_of(0), inputs_of(1))
+    assert not torch.equal(inputs_of(0, ["per-rank-data"]), inputs_of(1, ["per-rank-data"]))
+    assert torch.equal(inputs_of(1, ["per-rank-data"]), original.make_inputs(32, 5, rank=1))
+    # After the block, train.py's own version is back.
+    assert train.make_inputs is not original.make_inputs and torch.equal(inputs_of(1), inputs_of(0))
+    # One teacher: the same inputs get the same targets on every rank.
+    a, b = (train.make_dataset(inputs_of(0), seed=5) for _ in range(2))
+    assert torch.equal(a.tensors[1], b.tensors[1])
 
 
 def test_shards_are_disjoint_and_set_epoch_reshuffles():
-    dataset = train.make_dataset(16, seed=0)
+    dataset = train.make_dataset(train.make_inputs(16, seed=0), seed=0)
 
     def indices(rank, epoch, set_epoch):
         _, sampler = train.make_loader(dataset, train.DistEnv(rank=rank, world_size=2), 4, seed=0)
@@ -198,17 +212,53 @@ def test_train_refuses_bad_flags_with_a_clear_message():
     assert proc.returncode == 2 and "--accum-steps must be at least 1" in proc.stderr
 
 
-def test_nccl_guard_in_the_worker(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert train.resolve_backend("auto") == "gloo"
-    with pytest.raises(RuntimeError, match="needs CUDA"):
-        train.pick_device("nccl", 0, 1)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert train.resolve_backend("auto") == "nccl"
-    assert train.pick_device("nccl", 1, 2) == torch.device("cuda", 1)
-    with pytest.raises(RuntimeError, match="has 2 GPU"):
-        train.pick_device("nccl", 0, 4)
+def test_the_steps_without_hooks_train_exactly_like_the_instrumented_script(tmp_path):
+    """The five steps with the default (no-op) hooks are plain DDP: the kit's measuring changes nothing."""
+    args = ["--dataset-size", "96", "--batch-size", "4", "--epochs", "2", "--accum-steps", "4", "--seed", "3"]
+    instrumented = run_in_process(tmp_path, *args).model_state()
+    torch.manual_seed(3)
+    env = train.init_process_group()  # no torchrun variables here: one plain process
+    model = train.wrap_model(train.Model(), env)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loader, sampler = train.make_loader(train.make_dataset(train.make_inputs(96, 3), 3), env, 4, 3)
+    for epoch in range(2):
+        train.start_epoch(sampler, epoch)
+        train.train_epoch(model, loader, optimizer, train.loss_fn, 4, epoch)
+    train.teardown()
+    assert env == train.DistEnv() and not isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    assert_same_params(model.state_dict(), instrumented, atol=0)
+
+
+# The functions a notebook prints as the steps: each one fits on a screen.
+STEPS = ["init_process_group", "wrap_model", "make_loader", "start_epoch", "train_epoch", "micro_step",
+         "teardown", "main"]
+
+
+def test_each_step_prints_in_at_most_25_lines_and_the_script_in_200():
+    for name in STEPS:
+        lines = inspect.getsource(getattr(train, name)).splitlines()
+        assert len(lines) <= 25, f"train.{name} has {len(lines)} lines"
+    source = Path(train.__file__).read_text().splitlines()
+    assert len([line for line in source if line.strip()]) <= 200
+
+
+def test_every_bug_is_the_original_version_of_one_train_function():
+    bugs = [m for m in config.MISTAKES if m.function]
+    assert sorted(m.name for m in bugs) == sorted(config.BUGS)
+    for m in bugs:
+        fixed, theirs = getattr(train, m.function), getattr(original, m.function)
+        assert fixed is not theirs
+        # Called as train.py calls its own: the original takes the same arguments (and maybe more).
+        fixed_params = list(inspect.signature(fixed).parameters)
+        assert list(inspect.signature(theirs).parameters)[:len(fixed_params)] == fixed_params
+        text = original.diff(m.name)
+        assert text == original.diff(m.function)
+        assert text.startswith(f"--- original.{m.function}\n+++ train.{m.function}\n")
+        assert any(line.startswith("+ ") for line in text.splitlines()[2:])
+    assert "-    out = model(x)" in original.diff("forward-outside-no-sync")
+    with pytest.raises(ValueError, match="not a --bug"):
+        with original.mistakes(["no-such-bug"], train):
+            pass
 
 
 def test_cli_runs_the_demo_and_saves_both_figures(tmp_path):
@@ -221,6 +271,9 @@ def test_cli_runs_the_demo_and_saves_both_figures(tmp_path):
         assert (out / name).stat().st_size > 10_000
         assert f"saved {out / name}" in proc.stdout
     assert "[rank 0] start" in proc.stdout and "[rank 1]" not in proc.stdout
+    # --backend auto says which backend it chose, and why, once
+    chosen = [line for line in proc.stdout.splitlines() if line.startswith("[rank 0] backend ")]
+    assert len(chosen) == 1 and ": auto: " in chosen[0]
 
 
 def test_cli_help_documents_every_flag():

@@ -13,7 +13,7 @@ torch uses when ``init_process_group`` gets no ``timeout``: ``default_pg_timeout
 
 Flags:
     --threads N    torch threads per rank (default 1); 0 keeps torch's default.
-    --backend B    auto (nccl with CUDA, else gloo), gloo or nccl.
+    --backend B    auto (nccl when every rank has a GPU of its own, else gloo), gloo or nccl.
 """
 
 import argparse
@@ -28,6 +28,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed import constants  # noqa: E402
 
+from ddp_tutorial.backend import backend_for_this_node  # noqa: E402
 from ddp_tutorial.metrics import report  # noqa: E402
 
 
@@ -42,9 +43,7 @@ def main() -> None:
     args = parse_args()
     default_threads = torch.get_num_threads()
     torch.set_num_threads(args.threads or default_threads)
-    backend = args.backend
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend, _ = backend_for_this_node(args.backend)  # auto: nccl only with one GPU per rank
     device = torch.device("cpu")
     if backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))

@@ -12,15 +12,16 @@ uses to show why gradients are bucketed. Sections (each reported by rank 0 with
 - ``overlap``: DDP vs a hand-written all-reduce per gradient after backward vs one
   flat all-reduce after backward; iteration times and DDP's own overlap counter.
 - ``accumulation``: K = 1, 2, 4, 8 with and without stragglers, through ``train.train_epoch``.
-- ``overhead``: DDP with ``train.SyncTimer`` and a JSON line per step vs plain DDP,
-  alternating blocks of steps in the same run.
+- ``overhead``: ``train.train_epoch`` with the kit's hooks (``instrument.Instrument``:
+  ``SyncTimer`` and a JSON line per step) vs without, taking turns step by step.
 - ``fidelity``: ``SyncTimer``'s sync time vs DDP's logger ``avg_backward_comm_time``.
+
+Every section calls the training script's own functions with real arguments.
 """
 
 import argparse
 import copy
 import os
-import random
 import statistics
 import time
 
@@ -29,10 +30,10 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_tutorial import config
+from ddp_tutorial.instrument import NO_HOOKS, Instrument, SyncTimer
 from ddp_tutorial.metrics import MetricsWriter, report
-from ddp_tutorial.train import (SyncTimer, init_process_group, make_dataset, make_loader,
-                                train_epoch)
+from ddp_tutorial.train import (init_process_group, loss_fn, make_dataset, make_inputs, make_loader,
+                                start_epoch, teardown, train_epoch)
 
 
 class ManySmallParams(nn.Module):
@@ -61,33 +62,44 @@ def sync_device(device) -> None:
 
 
 class StepLog:
-    """Collects ``train_epoch``'s per-step records in memory (it only needs ``write``)."""
+    """Collects the step records of ``instrument.Instrument`` in memory (it only needs ``write``)."""
 
     def __init__(self):
         self.records = []
 
     def write(self, record):
-        self.records.append(record)
+        if record["kind"] == "step":
+            self.records.append(record)
 
 
-def train_args(world_size: int, batch_size: int, accum_steps: int, steps: int, straggler_ms: float = 0.0):
-    """The training flags ``train_epoch`` reads, for one epoch of exactly ``steps`` micro-steps."""
-    return config.parse(["--batch-size", str(batch_size), "--accum-steps", str(accum_steps),
-                         "--dataset-size", str(world_size * batch_size * steps),
-                         "--straggler-ms", str(straggler_ms)], world_size)
+def one_epoch(env, batch_size: int, micro_steps: int, seed: int = 0):
+    """Step 3 for an epoch of exactly ``micro_steps`` micro-batches per rank: (loader, sampler)."""
+    dataset = make_dataset(make_inputs(env.world_size * batch_size * micro_steps, seed), seed)
+    loader, sampler = make_loader(dataset, env, batch_size, seed)
+    start_epoch(sampler, 0)
+    return loader, sampler
 
 
-def run_epoch(model, env, args, seed: int = 0, metrics=None, timer=None):
-    """One epoch of ``train.train_epoch`` (the kit's real step 4); returns wall seconds."""
-    dataset = make_dataset(args.dataset_size, seed)
-    loader, sampler = make_loader(dataset, env, args.batch_size, seed)
-    sampler.set_epoch(0)
+def run_epoch(model, env, batch_size: int, accum_steps: int, micro_steps: int, log: StepLog,
+              straggler_ms: float = 0.0) -> float:
+    """One epoch of the kit's real step 4, ``train.train_epoch``, with its hooks; returns wall seconds.
+
+    Args:
+        model: a DDP model.
+        env: from ``train.init_process_group``.
+        batch_size: micro-batch size per rank.
+        accum_steps: K.
+        micro_steps: micro-batches in the epoch, per rank.
+        log: where the hooks write the step records.
+        straggler_ms: each micro-step first sleeps a random 0..straggler_ms ms.
+    """
+    loader, _ = one_epoch(env, batch_size, micro_steps)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    state = {"step": 0, "optimizer_steps": 0, "attempt": 0,
-             "rng": random.Random(seed * 7919 + env.rank)}
+    hooks = Instrument(records=log, straggler_ms=straggler_ms)
+    hooks.start(env, model, optimizer, len(loader))
     dist.barrier()
     t0 = time.perf_counter()
-    train_epoch(model, loader, optimizer, nn.MSELoss(), 0, env, args, state, metrics, timer)
+    train_epoch(model, loader, optimizer, loss_fn, accum_steps, 0, hooks)
     sync_device(env.device)
     return time.perf_counter() - t0
 
@@ -197,12 +209,9 @@ def measure_accumulation(base, env, ks, straggler_ms_list, batch_size: int, opti
     rows = []
     for straggler_ms in straggler_ms_list:
         for k in ks:
-            args = train_args(env.world_size, batch_size, k, k * optimizer_steps, straggler_ms)
-            model = DDP(copy.deepcopy(base).to(env.device))
-            timer = SyncTimer()
-            model.register_comm_hook(timer, SyncTimer.hook)
             log = StepLog()
-            wall = run_epoch(model, env, args, metrics=log, timer=timer)
+            wall = run_epoch(DDP(copy.deepcopy(base).to(env.device)), env, batch_size, k,
+                             k * optimizer_steps, log, straggler_ms)
             samples = len(log.records) * batch_size * env.world_size
             transfer_s, wait_s = split_sync(log.records)
             opt_steps = sum(r["optimizer_step"] for r in log.records)
@@ -235,32 +244,27 @@ def split_sync(records) -> tuple:
 
 
 def measure_overhead(base, env, batch_size: int, steps: int, blocks: int, run_dir: str) -> dict:
-    """Instrumented DDP (SyncTimer hook + a JSON line per step) vs plain DDP, step by step.
+    """Step 4 with the kit's hooks (SyncTimer + a JSON line per step) vs without, step by step.
 
     Both models train through the real ``train.train_epoch``, one micro-step per
     call, taking turns (the order flips every pair), so a slow spell of a shared
     machine hits both alike; the medians of ``steps * blocks`` single steps are
     compared, which a few descheduled steps cannot move.
     """
-    args = train_args(env.world_size, batch_size, 1, 1)  # an "epoch" of exactly one micro-step
-    loss_fn = nn.MSELoss()
-    loader, sampler = make_loader(make_dataset(args.dataset_size, 0), env, args.batch_size, 0)
+    loader, _ = one_epoch(env, batch_size, 1)  # an "epoch" of exactly one micro-step
     metrics = MetricsWriter(os.path.join(run_dir, "instrumented"), env.rank)
-    timer = SyncTimer()
     variants = {}
     for name in ("plain", "timed"):
         model = DDP(copy.deepcopy(base).to(env.device))
-        if name == "timed":
-            model.register_comm_hook(timer, SyncTimer.hook)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        state = {"step": 0, "optimizer_steps": 0, "attempt": 0, "rng": random.Random(env.rank)}
-        extra = (metrics, timer) if name == "timed" else (None, None)
-        variants[name] = (model, optimizer, state, extra)
+        hooks = Instrument(records=metrics) if name == "timed" else NO_HOOKS
+        hooks.start(env, model, optimizer, len(loader))
+        variants[name] = (model, optimizer, hooks)
 
     def one_step(name):
-        model, optimizer, state, (log, hook_timer) = variants[name]
+        model, optimizer, hooks = variants[name]
         t0 = time.perf_counter()
-        train_epoch(model, loader, optimizer, loss_fn, 0, env, args, state, log, hook_timer)
+        train_epoch(model, loader, optimizer, loss_fn, 1, 0, hooks)
         sync_device(env.device)
         return time.perf_counter() - t0
 
@@ -284,12 +288,9 @@ def measure_fidelity(base, env, batch_size: int) -> dict:
     each one when the next forward starts; so after 11 steps it holds steps 0..9.
     """
     steps = 11
-    args = train_args(env.world_size, batch_size, 1, steps)
     model = DDP(copy.deepcopy(base).to(env.device), bucket_cap_mb=0.05)
-    timer = SyncTimer()
-    model.register_comm_hook(timer, SyncTimer.hook)
     log = StepLog()
-    run_epoch(model, env, args, metrics=log, timer=timer)
+    run_epoch(model, env, batch_size, 1, steps, log)
     ours = statistics.mean(r["sync_s"] for r in log.records[:10])
     ddp_s = model._get_ddp_logging_data().get("avg_backward_comm_time", 0) / 1e9
     return {"synctimer_s": ours, "ddp_logger_s": ddp_s,
@@ -332,7 +333,7 @@ def main() -> None:
             print("measured: " + ", ".join(k for k in results if isinstance(results[k], (dict, list))),
                   flush=True)
     finally:
-        dist.destroy_process_group()
+        teardown()
 
 
 if __name__ == "__main__":

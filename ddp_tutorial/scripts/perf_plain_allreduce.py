@@ -14,10 +14,12 @@ import time
 import torch
 import torch.distributed as dist
 
+from ddp_tutorial.backend import backend_for_this_node
+
 nbytes = int(sys.argv[1]) if len(sys.argv) > 1 else 16 * 1024 ** 2
 iters = int(sys.argv[2]) if len(sys.argv) > 2 else 4
 torch.set_num_threads(1)
-backend = "nccl" if torch.cuda.is_available() else "gloo"
+backend, _ = backend_for_this_node()  # nccl only with one GPU per rank, as train.py decides
 dist.init_process_group(backend)
 try:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" else "cpu"

@@ -11,8 +11,8 @@ Each rank reports (``run.result(rank, key)``):
 - ``padding``: for a ``--padding-size`` dataset, its indices with the default
   ``drop_last=False`` (padded with repeats) and with ``drop_last=True``;
 - ``data_shared`` / ``data_per_rank``: a fingerprint of the dataset
-  ``train.make_dataset`` builds on this rank, with one shared seed and with the
-  original demo's per-rank random data.
+  ``train.make_dataset`` builds on this rank, from ``train.make_inputs`` (one shared
+  seed) and from ``original.make_inputs`` (the original demo's per-rank random data).
 """
 
 import argparse
@@ -28,7 +28,8 @@ if __package__ in (None, ""):  # run as a file path: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from ddp_tutorial.metrics import report  # noqa: E402
-from ddp_tutorial.train import make_dataset  # noqa: E402
+from ddp_tutorial import original  # noqa: E402
+from ddp_tutorial.train import make_dataset, make_inputs  # noqa: E402
 
 
 def epoch_orders(dataset_size: int, epochs: int, seed: int, set_epoch: bool):
@@ -52,7 +53,8 @@ def padded_indices(dataset_size: int, seed: int):
 
 def fingerprint(size: int, seed: int, rank: int, per_rank_bug: bool):
     """A digest and the first input row of the dataset this rank builds."""
-    x, y = make_dataset(size, seed, rank, per_rank_bug).tensors
+    inputs = original.make_inputs(size, seed, rank) if per_rank_bug else make_inputs(size, seed)
+    x, y = make_dataset(inputs, seed).tensors
     digest = hashlib.sha1(x.numpy().tobytes() + y.numpy().tobytes()).hexdigest()[:12]
     return {"digest": digest, "first_row": [round(v, 4) for v in x[0, :4].tolist()],
             "input_sum": round(float(x.sum()), 4)}

@@ -14,7 +14,7 @@ Three measurements in one run, each handed back with ``report`` under a ``part``
   (``max_abs_diff``) next to the difference from its purely local gradient.
 - ``buckets``: for the tutorial model, and for a deeper model with DDP's default
   buckets and under each ``--bucket-caps`` value, DDP's bucket sizes (bytes) and
-  the all-reduces one backward performs, counted by ``train.SyncTimer``.
+  the all-reduces one backward performs, counted by ``instrument.SyncTimer``.
 
 It always runs on CPU with gloo: the lesson is what DDP computes, not how fast.
 
@@ -36,6 +36,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_tutorial import train
+from ddp_tutorial.instrument import SyncTimer, param_checksum
 from ddp_tutorial.metrics import report
 
 
@@ -75,12 +76,12 @@ def bucket_sizes(ddp: DDP, key: str):
 def broadcast_and_gradient(args, rank: int, world_size: int) -> None:
     torch.manual_seed(args.seed + rank)  # deliberately different on every rank
     model = train.Model()
-    before = {"checksum": train.param_checksum(model), "digest": param_digest(model)}
+    before = {"checksum": param_checksum(model), "digest": param_digest(model)}
     ddp = DDP(model)  # broadcasts rank 0's parameters (and buffers) to every rank
     report({"part": "broadcast", "checksum_before": before["checksum"], "digest_before": before["digest"],
-            "checksum_after": train.param_checksum(model), "digest_after": param_digest(model)})
+            "checksum_after": param_checksum(model), "digest_after": param_digest(model)})
     print(f"rank {rank}: parameter checksum {before['checksum']:.6f} before DDP(model), "
-          f"{train.param_checksum(model):.6f} after", flush=True)
+          f"{param_checksum(model):.6f} after", flush=True)
 
     reference = copy.deepcopy(ddp.module)  # a plain model with the broadcast weights
     loss_fn = nn.MSELoss()
@@ -123,8 +124,8 @@ def count_allreduces(model: nn.Module, bucket_cap_mb, args, rank: int) -> dict:
     # bucket_cap_mb=None is DDP's own default, which is not the same as 25: the first
     # bucket is then capped at dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB), the rest at 25 MiB.
     ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
-    timer = train.SyncTimer()
-    ddp.register_comm_hook(timer, train.SyncTimer.hook)
+    timer = SyncTimer()
+    ddp.register_comm_hook(timer, SyncTimer.hook)
     x, y = rank_batch(args.seed, rank, args.batch_size)
     calls = []
     for _ in range(args.iterations):
