@@ -10,8 +10,9 @@ the world size gives back the sum of tags, and its bits name **exactly** the
 micro-batches (of every rank) that an optimizer step applied. What is left in
 ``.grad`` after the last epoch was never applied.
 
-The loop is the kit's step 4 with the schedule of ``train.sync_schedule``: the
-micro-batches that do not sync run forward and backward inside ``no_sync()``.
+The loop is the kit's step 4 with the schedule of ``train.sync_schedule`` (or, with
+``--bug``, ``original.sync_schedule``): the micro-batches that do not sync run
+forward and backward inside ``no_sync()``.
 Rank 0 reports ``steps`` (one entry per optimizer step: epoch, micro-batch,
 and the ``[rank, epoch, micro]`` it applied) and ``lost`` (per rank, never applied).
 
@@ -31,7 +32,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_tutorial.metrics import report
-from ddp_tutorial.train import sync_schedule
+from ddp_tutorial import original, train
 
 
 def bit(rank: int, epoch: int, micro: int, world_size: int, micro_per_epoch: int) -> int:
@@ -66,8 +67,8 @@ def main() -> None:
         weight = model.module.weight
         steps = []
         for epoch in range(args.epochs):
-            plan = sync_schedule(args.micro, args.accum_steps, bug=args.bug)
-            for micro, (sync, _) in enumerate(plan):
+            plan = (original if args.bug else train).sync_schedule(args.micro, args.accum_steps)
+            for micro, sync in enumerate(plan):
                 x = torch.tensor([[2.0 ** bit(rank, epoch, micro, world_size, args.micro)]], dtype=torch.float64)
                 with contextlib.nullcontext() if sync else model.no_sync():
                     model(x).sum().backward()  # d/dw (w * x) = x: this micro-batch's tag
