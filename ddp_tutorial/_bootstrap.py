@@ -16,12 +16,9 @@ never imports it pays nothing; every rank's env:// joins it as a client
 """
 
 import atexit
-import importlib.abc
-import importlib.util
 import os
 import runpy
 import signal
-import socket
 import sys
 
 #: Keeps rank 0's store (and so its server) alive until the process exits.
@@ -45,6 +42,8 @@ def store_socket(spec: str):
     Raises:
         OSError: ``bind``, and MASTER_ADDR:MASTER_PORT is taken (EADDRINUSE) or not allowed.
     """
+    import socket  # rank 0 only: the other ranks start without it
+
     if spec.startswith("fd:"):
         sock = socket.socket(fileno=int(spec[3:]))
     else:
@@ -75,8 +74,11 @@ def host_store(fd: int, port: int) -> None:
                            wait_for_workers=False, master_listen_fd=fd))
 
 
-class _AfterTorchImport(importlib.abc.MetaPathFinder):
-    """Runs ``callback`` right after ``import torch`` has finished, wherever the script imports it."""
+class _AfterTorchImport:
+    """A ``sys.meta_path`` finder that runs ``callback`` right after ``import torch`` has finished.
+
+    (Not an ``importlib.abc.MetaPathFinder``: importing that module costs a worker 0.1 s.)
+    """
 
     def __init__(self, callback):
         self.callback = callback
@@ -85,7 +87,8 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
         if fullname != "torch":
             return None
         sys.meta_path.remove(self)  # once, and let the usual finders find torch
-        spec = importlib.util.find_spec("torch")
+        spec = next(filter(None, (getattr(f, "find_spec", lambda *a: None)(fullname, path, target)
+                                  for f in sys.meta_path)), None)
         if spec is None or spec.loader is None:
             return spec
         exec_module, callback = spec.loader.exec_module, self.callback
