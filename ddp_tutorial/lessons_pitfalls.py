@@ -54,7 +54,7 @@ def run_pitfall(name: str, world_size: int = 2, args: Sequence = (), timeout: fl
                   **launch_kwargs)
 
 
-def expect_failure(name: str, world_size: int = 2, args: Sequence = (), timeout: float = 60.0,
+def expect_failure(name: str, world_size: int = 2, args: Sequence = (), timeout: float = 120.0,
                    env: Optional[Dict[str, str]] = None) -> LaunchError:
     """Launch a run that must fail; return the ``LaunchError`` (with ``seconds``: how long it took).
 
@@ -271,7 +271,7 @@ def checkpoint_summary(run: Run) -> dict:
 
 def format_checkpoint(summary: dict) -> str:
     s = summary
-    message = "\n".join("    " + line for line in s["message"].splitlines()[:3])
+    message = "\n".join("    " + line.strip() for line in s["message"].splitlines()[1:3])
     return "\n".join([
         f"ddp.state_dict() keys: {s['saved_keys']}",
         f"plain_model.load_state_dict(...): RuntimeError: {s['error']}\n{message}",
@@ -394,17 +394,16 @@ def lr_summary(run: Run) -> dict:
 
 
 def format_lr(summary: dict) -> str:
-    s = summary
-    return "\n".join([
-        f"W = {s['world_size']} ranks x b = {s['batch_size']} (K = 1): global batch {s['global_batch']}; "
-        f"one process: batch {s['batch_size']}",
-        f"final loss after {s['samples'][-1]} samples seen:",
-        f"  one process, lr {s['lr']:g}                       {s['final']['single']:.4f}",
-        f"  {s['world_size']} ranks, lr kept at {s['lr']:g}                 {s['final']['kept']:.4f}  "
-        f"({s['final_ratio']['kept']:.2f} x)",
-        f"  {s['world_size']} ranks, lr {s['scaled_lr']:g} after {s['warmup_steps']} warm-up steps  "
-        f"{s['final']['scaled']:.4f}  ({s['final_ratio']['scaled']:.2f} x)",
-    ])
+    s, w = summary, summary["world_size"]
+    rows = [(f"one process, lr {s['lr']:g}", "single"), (f"{w} ranks, lr kept at {s['lr']:g}", "kept"),
+            (f"{w} ranks, lr {s['scaled_lr']:g} after {s['warmup_steps']} warm-up steps", "scaled")]
+    lines = [f"W = {w} ranks x b = {s['batch_size']} (K = 1): global batch {s['global_batch']}; "
+             f"one process: batch {s['batch_size']}",
+             f"final loss after {s['samples'][-1]} samples seen (and its ratio to one process's):"]
+    for label, key in rows:
+        ratio = f"  ({s['final_ratio'][key]:.2f} x)" if key != "single" else ""
+        lines.append(f"  {label:<40}{s['final'][key]:.4f}{ratio}")
+    return "\n".join(lines)
 
 
 # -- 7. Clipping with accumulation -------------------------------------------------
@@ -449,16 +448,17 @@ def failure_summary(err: LaunchError) -> dict:
     """What a failed launch tells the learner: who failed, how, and with which words.
 
     Returns:
-        ``kind`` (WorkerError or LaunchTimeout), ``rank`` and ``exit_code`` of the
-        first failure, ``seconds``, per rank its ``headlines`` and ``reports``,
-        ``aborted`` (ranks killed by a C++ abort), ``names_script_line`` (the
-        first failure's traceback reaches the worker script).
+        ``kind`` (WorkerError or LaunchTimeout), ``rank``, ``exit_code`` and
+        ``error`` (its error line) of the first failure, ``seconds``, per rank
+        its ``headlines`` (its last error line; None for a rank the launcher
+        stopped first) and ``reports``, ``aborted`` (ranks killed by a C++
+        abort), ``names_script_line`` (the first failure's traceback reaches the worker script).
     """
     output = err.run.output if err.run else {}
     tb = getattr(err, "traceback", "")
     return {
         "kind": type(err).__name__, "rank": getattr(err, "rank", None), "exit_code": getattr(err, "exit_code", None),
-        "seconds": getattr(err, "seconds", None),
+        "error": headline(tb.splitlines()), "seconds": getattr(err, "seconds", None),
         "headlines": {r: headline(lines) for r, lines in sorted(output.items())},
         "aborted": [r for r, lines in sorted(output.items()) if any("terminate called" in ln for ln in lines)],
         "names_script_line": "pitfall_hang.py" in tb,
@@ -466,13 +466,13 @@ def failure_summary(err: LaunchError) -> dict:
     }
 
 
-def shape_mismatch(debug: bool, timeout: float = 60.0) -> dict:
+def shape_mismatch(debug: bool, timeout: float = 120.0) -> dict:
     """All-reduce tensors of different shapes on 2 ranks; with ``debug``, under TORCH_DISTRIBUTED_DEBUG=DETAIL."""
     env = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"} if debug else None
     return failure_summary(expect_failure("hang", 2, ["--case", "mismatch"], timeout=timeout, env=env))
 
 
-def missing_rank(monitored: bool, wait_timeout: float = 2.0, timeout: float = 60.0) -> dict:
+def missing_rank(monitored: bool, wait_timeout: float = 2.0, timeout: float = 120.0) -> dict:
     """A barrier rank 1 never reaches, plain or ``monitored_barrier``; it gives up after ``wait_timeout`` s."""
     args = ["--case", "missing", "--wait-timeout", wait_timeout] + (["--monitored"] if monitored else [])
     return failure_summary(expect_failure("hang", 2, args, timeout=timeout))
@@ -541,7 +541,7 @@ def recap(bn: dict, unused: dict, ckpt: dict, evaluation: dict, seeding: dict, l
          "symptom": f"shape mismatch: rank(s) {hang['mismatch']['aborted']} aborted in C++; stuck rank + barrier: "
                     "timeout naming no rank",
          "fix": "DETAIL: RuntimeError naming both shapes; monitored_barrier: "
-                f"'{(hang['monitored']['headlines'][0] or '').split(': ', 1)[-1][:50]}'"},
+                f"'{(hang['monitored']['error'] or '').split('Error: ', 1)[-1]}'"},
     ]
 
 

@@ -175,29 +175,31 @@ def test_shape_mismatch_aborts_in_cpp_without_debug():
     failure = lessons.shape_mismatch(debug=False, timeout=TIMEOUT)
     assert failure["kind"] == "WorkerError"
     assert failure["aborted"] == [0]  # the rank with the smaller tensor receives more than it expects
-    assert "Received data size doesn't match expected size" in failure["headlines"][0]
+    assert "Received data size doesn't match expected size" in failure["headlines"][0]  # printed before it died
     assert not any("TensorShape" in (h or "") for h in failure["headlines"].values())
 
 
 def test_shape_mismatch_names_both_shapes_with_detail():
     failure = lessons.shape_mismatch(debug=True, timeout=TIMEOUT)
     assert failure["aborted"] == [] and failure["names_script_line"]
-    for rank, line in failure["headlines"].items():
-        assert "Detected mismatch between collectives" in line and "Tensor shapes" in line
+    assert "Detected mismatch between collectives" in failure["error"] and "Tensor shapes" in failure["error"]
+    assert "TensorShape=[4]" in failure["error"] and "TensorShape=[5]" in failure["error"]
+    for line in failure["headlines"].values():  # a rank stopped by the launcher first has none
+        assert line is None or "Tensor shapes" in line
     assert [r["debug"] for r in failure["reports"][0]] == ["DETAIL"]
 
 
 def test_plain_barrier_times_out_without_naming_the_missing_rank():
     failure = lessons.missing_rank(monitored=False, timeout=TIMEOUT)
-    assert failure["rank"] == 0 and "Timed out" in failure["headlines"][0]
-    assert "Rank 1" not in failure["headlines"][0]
+    assert failure["rank"] == 0 and "Timed out" in failure["error"]
+    assert "Rank 1" not in failure["error"]
     assert failure["headlines"][1] is None  # rank 1 was stuck, then stopped by the launcher
 
 
 def test_monitored_barrier_names_the_missing_rank():
     failure = lessons.missing_rank(monitored=True, timeout=TIMEOUT)
     assert failure["rank"] == 0
-    assert "Rank 1 failed to pass monitoredBarrier" in failure["headlines"][0]
+    assert "Rank 1 failed to pass monitoredBarrier" in failure["error"]
     assert [r["arrived"] for r in failure["reports"][1]] == [False]
 
 
@@ -226,7 +228,7 @@ def test_expect_failure_complains_when_the_launch_succeeds():
 
 
 def test_recap_has_every_pitfall_with_measured_numbers(bn, unused, ckpt, evaluation, seeding, lr, clipping):
-    hang = {"mismatch": {"aborted": [0]}, "monitored": {"headlines": {0: "RuntimeError: [Rank 0]: Rank 1 failed"}}}
+    hang = {"mismatch": {"aborted": [0]}, "monitored": {"error": "RuntimeError: [Rank 0]: Rank 1 failed"}}
     rows = lessons.recap(bn, unused, ckpt, evaluation[1], seeding, lr, clipping, hang)
     assert [r["pitfall"][0] for r in rows] == [str(i) for i in range(1, 9)]
     assert all(r["symptom"] and r["fix"] for r in rows)

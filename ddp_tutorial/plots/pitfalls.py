@@ -72,16 +72,16 @@ def plot_eval_error(rows: List[dict], ax: Optional[plt.Axes] = None, title: Opti
     """
     ax = _axes(ax, figsize=(7, 3.2))
     sizes = [r["size"] for r in rows]
-    for key, label, style in (("mean_of_means", "mean of the ranks' accuracies", "s--"),
-                              ("padded", "all-reduce over every slot (padding included)", "o-"),
-                              ("fixed", "all-reduce over real samples (the fix)", "k.-")):
+    # With equal shards, the mean of the ranks' accuracies is the all-slot ratio: one line for both.
+    for key, label, style in (("padded", "every slot counted (= mean of the ranks' accuracies)", "o-"),
+                              ("fixed", "real samples only (the fix)", "k.-")):
         ax.plot(sizes, [100 * (r[key] - r["true"]) for r in rows], style, label=label)
     for r in rows:
         if r["padding"] == 0:
             ax.axvline(r["size"], color="#dddddd", lw=3, zorder=0)
     ax.axhline(0, color="grey", lw=0.6)
     return _finish(ax, f"validation samples (grey: divisible by {rows[0]['world_size']} ranks, no padding)",
-                   "error vs true accuracy (points)", title or "Validation accuracy skewed by the sampler's padding")
+                   "error vs true accuracy\n(percentage points)", title or "Validation accuracy skewed by the sampler's padding")
 
 
 def plot_lr_curves(summary: dict, ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
