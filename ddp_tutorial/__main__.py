@@ -33,8 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which ranks' output to show live")
     config.add_training_flags(p)
     # A few seconds of training, and a small delay so the sync timeline shows waiting.
-    p.set_defaults(straggler_ms=3.0, epochs=5, dataset_size=4096)
-    # --out is the run folder here: --run-dir covers it.
+    # --out is the run folder here: --run-dir covers it (--out still works, as its alias).
+    p.set_defaults(straggler_ms=3.0, epochs=5, dataset_size=4096, out=None)
     for action in p._actions:
         if action.dest == "out":
             action.help = argparse.SUPPRESS
@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.out is not None:
+        if args.run_dir is not None and args.run_dir != args.out:
+            parser.error(f"--run-dir {args.run_dir} and --out {args.out} name different folders: give one")
+        args.run_dir = args.out
     launch_keys = {"world_size", "timeout", "run_dir", "echo", "out"}
     train_args = []
     for action in parser._actions:
@@ -64,6 +68,10 @@ def main(argv=None) -> int:
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if args.no_metrics:  # nothing was measured, so there is nothing to draw
+        print(f"finished in {run.wall_seconds:.1f} s; --no-metrics: no metrics or figures, "
+              f"the model is in {run.run_dir}")
+        return 0
 
     import matplotlib
 

@@ -6,6 +6,13 @@ launcher dies, so even a killed notebook kernel leaves no orphan ranks.
 This file imports nothing heavy: the script pays for its own imports. When the
 script ends, the worker runs its atexit handlers, flushes stdout and stderr, and
 exits at once (see ``main``): close your own files before the script ends.
+
+Rank 0 also hosts the rendezvous store (DDP_TUTORIAL_STORE): on the listening
+socket ``launch`` bound on 127.0.0.1 and passed down (``fd:N``), or on
+MASTER_ADDR:MASTER_PORT, bound here (``bind``, for a fixed ``master_port``).
+The store starts as soon as the script has imported torch, so a script that
+never imports it pays nothing; every rank's env:// joins it as a client
+(TORCHELASTIC_USE_AGENT_STORE=True), so no store listens on other interfaces.
 """
 
 import atexit
@@ -13,6 +20,9 @@ import os
 import runpy
 import signal
 import sys
+
+#: Keeps rank 0's store (and so its server) alive until the process exits.
+_STORE = []
 
 
 def die_with_launcher() -> None:
@@ -26,10 +36,89 @@ def die_with_launcher() -> None:
         os._exit(1)
 
 
+def store_socket(spec: str):
+    """(descriptor, port) of the store's listening socket for ``spec`` (``fd:N`` or ``bind``).
+
+    Raises:
+        OSError: ``bind``, and MASTER_ADDR:MASTER_PORT is taken (EADDRINUSE) or not allowed.
+    """
+    import socket  # rank 0 only: the other ranks start without it
+
+    if spec.startswith("fd:"):
+        sock = socket.socket(fileno=int(spec[3:]))
+    else:
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # As TCPStore does: connections of an earlier run lingering in TIME_WAIT do not block.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            sock.listen(socket.SOMAXCONN)
+        except OSError as exc:
+            sock.close()
+            raise OSError(exc.errno, f"rank 0 cannot host the rendezvous store on {host}:{port}: "
+                                     f"{exc.strerror}") from None
+    port = sock.getsockname()[1]
+    fd = sock.detach()
+    os.set_inheritable(fd, False)  # the store's, not for processes the script starts
+    return fd, port
+
+
+def host_store(fd: int, port: int) -> None:
+    """Host the rendezvous store on the listening socket ``fd`` for the rest of this process."""
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    _STORE.append(TCPStore(os.environ["MASTER_ADDR"], port, None, True, datetime.timedelta(minutes=30),
+                           wait_for_workers=False, master_listen_fd=fd))
+
+
+class _AfterTorchImport:
+    """A ``sys.meta_path`` finder that runs ``callback`` right after ``import torch`` has finished.
+
+    (Not an ``importlib.abc.MetaPathFinder``: importing that module costs a worker 0.1 s.)
+    """
+
+    def __init__(self, callback):
+        self.callback = callback
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "torch":
+            return None
+        sys.meta_path.remove(self)  # once, and let the usual finders find torch
+        spec = next(filter(None, (getattr(f, "find_spec", lambda *a: None)(fullname, path, target)
+                                  for f in sys.meta_path)), None)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module, callback = spec.loader.exec_module, self.callback
+
+        def exec_then_call(module):
+            exec_module(module)
+            callback()
+
+        spec.loader.exec_module = exec_then_call
+        return spec
+
+
+def prepare_store() -> None:
+    """On rank 0 under ``launch``: take the store's socket now, host the store once torch is in."""
+    spec = os.environ.pop("DDP_TUTORIAL_STORE", None)  # the script's children must not see it
+    if not spec:
+        return
+    try:
+        fd, port = store_socket(spec)
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        os._exit(1)
+    sys.meta_path.insert(0, _AfterTorchImport(lambda: host_store(fd, port)))
+
+
 def main() -> None:
     die_with_launcher()
     if len(sys.argv) < 2:
         sys.exit("usage: _bootstrap.py SCRIPT [ARGS...] | -m MODULE [ARGS...]")
+    prepare_store()
     code = 0
     try:
         run_script()

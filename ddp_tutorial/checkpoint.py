@@ -12,18 +12,34 @@ final name, so a stray temporary file is never mistaken for a checkpoint.
     state = load_checkpoint("runs/ckpt.pt", map_location="cuda:0")  # None if there is none
 
 In ``train.py`` only rank 0 saves, then every rank waits at a barrier; every
-rank loads, with ``map_location`` set to its own device.
+rank loads, with ``map_location`` set to its own device. Each save writes its
+own temporary file (pid and a random part in the name) and never touches
+another writer's. ``check_settings`` reads a checkpoint's settings without
+torch (and without running anything in it), so the launcher can refuse a wrong
+file before any process starts. torch is imported only to save or load.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
+import tempfile
+import zipfile
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
-import torch
-
 PathLike = Union[str, os.PathLike]
+#: What must match between a checkpoint and the run resuming from it: the
+#: position in an epoch names the same samples only for the same split.
+SETTINGS = ("world_size", "batch_size", "accum_steps", "dataset_size", "seed")
+#: The largest pickle part of a checkpoint ``read_settings`` reads (tensors are stored apart).
+MAX_PICKLE_BYTES = 64 << 20
+
+
+class CheckpointError(ValueError):
+    """A file that is not a checkpoint, or a checkpoint of a run with other settings."""
 
 
 def temp_files(path: PathLike) -> List[Path]:
@@ -54,35 +70,122 @@ def save_checkpoint(state: Dict[str, Any], path: PathLike) -> Path:
     Returns:
         The checkpoint path.
     """
+    import torch
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Same folder as the target: os.replace is only atomic within one file system.
-    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+    # A name of its own (pid, random part): concurrent writers never share or remove one.
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the name points at them
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)  # only our own: another writer's may be in progress
         raise
     _fsync_dir(path.parent)
-    for stale in temp_files(path):  # left by writers that were killed mid-save
-        stale.unlink(missing_ok=True)
     return path
 
 
-def load_checkpoint(path: Optional[PathLike], map_location: Union[str, torch.device] = "cpu"
-                    ) -> Optional[Dict[str, Any]]:
+def load_checkpoint(path: Optional[PathLike], map_location="cpu") -> Optional[Dict[str, Any]]:
     """The checkpoint at ``path``, its tensors moved to ``map_location``; None if there is none.
 
     Args:
         path: the checkpoint file (None or a missing file: no checkpoint).
         map_location: the device of this rank, e.g. ``"cpu"`` or ``"cuda:1"``, so a
             checkpoint written by rank 0 on ``cuda:0`` lands on each rank's own device.
+
+    Raises:
+        CheckpointError: the file is not something ``torch.save`` wrote.
     """
+    import torch
+
     if path is None or not Path(path).is_file():
         return None
-    # weights_only: a checkpoint is data; never run code from a file on load.
-    return torch.load(path, map_location=map_location, weights_only=True)
+    try:
+        # weights_only: a checkpoint is data; never run code from a file on load.
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile) as exc:
+        first = (str(exc).splitlines() or [""])[0][:200]
+        raise CheckpointError(f"{str(path)!r} is not a checkpoint: torch.load cannot read it "
+                              f"({type(exc).__name__}: {first})") from exc
+
+
+class _Placeholder:
+    """Stands for any object a checkpoint's pickle builds (tensors, storages, classes): nothing runs."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __call__(self, *args, **kwargs):
+        return _Placeholder()
+
+    def __setstate__(self, state):
+        pass
+
+    def __setitem__(self, key, value):
+        pass
+
+
+class _SettingsUnpickler(pickle.Unpickler):
+    """Unpickles plain data; every class and function it names becomes a ``_Placeholder``."""
+
+    def find_class(self, module, name):
+        if (module, name) == ("collections", "OrderedDict"):
+            return OrderedDict
+        return _Placeholder()
+
+    def persistent_load(self, pid):  # tensor storages live outside the pickle
+        return _Placeholder()
+
+
+def read_settings(path: PathLike) -> Dict[str, Any]:
+    """The top-level entries of a checkpoint that are plain numbers or strings, read without torch.
+
+    Raises:
+        CheckpointError: ``path`` is not a file ``torch.save`` wrote (a zip with a data.pkl).
+    """
+    try:
+        with zipfile.ZipFile(path) as z:
+            pkl = [i for i in z.infolist() if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"]
+            if len(pkl) != 1 or pkl[0].file_size > MAX_PICKLE_BYTES:
+                raise CheckpointError(f"{str(path)!r} is not a checkpoint: no torch.save data in it")
+            data = z.read(pkl[0])
+        state = _SettingsUnpickler(io.BytesIO(data)).load()
+    except CheckpointError:
+        raise
+    except (OSError, zipfile.BadZipFile, pickle.UnpicklingError, EOFError, ValueError, TypeError,
+            AttributeError, IndexError, KeyError) as exc:
+        raise CheckpointError(f"{str(path)!r} is not a checkpoint: not a file torch.save wrote "
+                              f"({type(exc).__name__}: {exc})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{str(path)!r} is not a checkpoint: it holds a {type(state).__name__}, "
+                              "not a dict of training state")
+    return {k: v for k, v in state.items() if isinstance(k, str) and isinstance(v, (int, float, str))}
+
+
+def check_settings(path: PathLike, now: Dict[str, Any]) -> None:
+    """Refuse ``path`` unless it is a training checkpoint made with the settings in ``now``.
+
+    Args:
+        path: an existing checkpoint file.
+        now: this run's values of ``SETTINGS`` (world_size, batch_size, accum_steps, dataset_size, seed).
+
+    Raises:
+        CheckpointError: not a checkpoint, or one of a run with other settings (the message lists them).
+    """
+    saved = read_settings(path)
+    missing = [k for k in list(now) + ["epoch", "micro", "step"] if k not in saved]
+    if missing:
+        raise CheckpointError(f"{str(path)!r} is not a training checkpoint: it has no {', '.join(missing)} "
+                              "(a model.pt, or another program's file?)")
+    differ = {k: (saved[k], v) for k, v in now.items() if saved[k] != v}
+    if differ:
+        listed = ", ".join(f"{k} {a} (now {b})" for k, (a, b) in differ.items())
+        raise CheckpointError(f"{str(path)!r} is a checkpoint of another run, made with {listed}: its "
+                              "position in the epoch would name other samples. Resume with the same "
+                              "settings, or start from a new --checkpoint")

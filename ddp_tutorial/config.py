@@ -7,8 +7,10 @@ notebook kernel (cheaply) before it starts any worker process.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional, Sequence
 
 from ddp_tutorial.backend import BACKENDS
@@ -60,6 +62,14 @@ MISTAKES = (
 
 #: ``--bug NAME`` -> what goes wrong: the mistakes train.py can reproduce.
 BUGS = {m.name: m.what for m in MISTAKES if m.function}
+
+
+#: Upper limits of flags whose larger values only ever come from a typo.
+MAX_MOMENTUM = 0.999
+MAX_SEED = 2 ** 32 - 1
+MAX_STRAGGLER_MS = 60_000.0
+MAX_THREADS = 1024
+MAX_PG_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 class ConfigError(ValueError):
@@ -123,8 +133,36 @@ def add_training_flags(p: argparse.ArgumentParser) -> None:
                    help="raise an exception, exit(3), or sleep forever (default: raise)")
 
 
+def _number(flag: str, value, low: float, high: float = math.inf, low_open: bool = False) -> None:
+    """Refuse NaN, infinities and values outside ``low``..``high`` (``low`` excluded if ``low_open``)."""
+    if math.isfinite(value) and (value > low if low_open else value >= low) and value <= high:
+        return
+    bounds = f"> {low:g}" if low_open else f">= {low:g}"
+    if high != math.inf:
+        bounds += f" and <= {high:g}"
+    raise ConfigError(f"{flag} must be a finite number {bounds}, got {value}")
+
+
+def _path(flag: str, path: str, folder: bool) -> Path:
+    """Refuse an empty path, one of the wrong kind (file/folder), or one that cannot be made."""
+    if not path.strip() or "\0" in path:
+        raise ConfigError(f"{flag} must be a non-empty path, got {path!r}")
+    p = Path(path).expanduser()
+    if folder and p.exists() and not p.is_dir():
+        raise ConfigError(f"{flag} {path!r} is a file: give a folder")
+    if not folder and p.is_dir():
+        raise ConfigError(f"{flag} {path!r} is a folder: give a file path")
+    parent = next(a for a in p.absolute().parents if a.exists())
+    if not p.exists() and not parent.is_dir():
+        raise ConfigError(f"{flag} {path!r} cannot be made: {str(parent)!r} is a file")
+    return p
+
+
 def validate(args: argparse.Namespace, world_size: int) -> argparse.Namespace:
     """Raise ConfigError for flag values that cannot give a sensible run.
+
+    Checks types' ranges (NaN and infinities included), paths, and that an
+    existing ``--checkpoint`` is a checkpoint of a run with these settings.
 
     Args:
         args: parsed flags.
@@ -132,41 +170,66 @@ def validate(args: argparse.Namespace, world_size: int) -> argparse.Namespace:
     """
     if world_size < 1:
         raise ConfigError(f"world_size must be at least 1, got {world_size}")
-    if args.epochs < 1:
-        raise ConfigError(f"--epochs must be at least 1, got {args.epochs}")
-    if args.batch_size < 1:
-        raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.accum_steps < 1:
-        raise ConfigError(f"--accum-steps must be at least 1, got {args.accum_steps}")
+    for flag, value in (("--epochs", args.epochs), ("--batch-size", args.batch_size),
+                        ("--accum-steps", args.accum_steps)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be at least 1, got {value}")
     if args.dataset_size < world_size * args.batch_size:
         raise ConfigError(
             f"--dataset-size {args.dataset_size} is smaller than world_size x batch size "
             f"= {world_size} x {args.batch_size} = {world_size * args.batch_size}: "
             "some rank would get no full batch")
-    if args.lr <= 0:
-        raise ConfigError(f"--lr must be positive, got {args.lr}")
-    if args.straggler_ms < 0:
-        raise ConfigError(f"--straggler-ms must be 0 or more, got {args.straggler_ms}")
-    if args.bucket_cap_mb is not None and args.bucket_cap_mb <= 0:  # None: DDP's own default
-        raise ConfigError(f"--bucket-cap-mb must be positive, got {args.bucket_cap_mb}")
-    if args.threads < 0:
-        raise ConfigError(f"--threads must be 0 or more, got {args.threads}")
+    _number("--lr", args.lr, 0, low_open=True)
+    _number("--momentum", args.momentum, 0, MAX_MOMENTUM)
+    if not 0 <= args.seed <= MAX_SEED:
+        raise ConfigError(f"--seed must be an integer from 0 to {MAX_SEED}, got {args.seed}")
+    _number("--straggler-ms", args.straggler_ms, 0, MAX_STRAGGLER_MS)
+    if args.bucket_cap_mb is not None:  # None: DDP's own default
+        _number("--bucket-cap-mb", args.bucket_cap_mb, 0, low_open=True)
+    if not 0 <= args.threads <= MAX_THREADS:
+        raise ConfigError(f"--threads must be from 0 to {MAX_THREADS}, got {args.threads}")
+    _number("--pg-timeout", args.pg_timeout, 0, MAX_PG_TIMEOUT_S, low_open=True)
+    _path("--out", args.out, folder=True)
     if args.save_every < 0:
         raise ConfigError(f"--save-every must be 0 or more, got {args.save_every}")
     if args.save_every and not args.checkpoint:
         raise ConfigError("--save-every needs --checkpoint PATH: where should the checkpoint go?")
-    if args.fail_at_step is not None and not 0 <= args.fail_rank < world_size:
+    if args.checkpoint is not None:
+        _check_checkpoint(args, world_size)
+    if args.fail_at_step is not None and args.fail_at_step < 0:
+        raise ConfigError(f"--fail-at-step must be 0 or more, got {args.fail_at_step}")
+    if not 0 <= args.fail_rank < world_size:
         raise ConfigError(f"--fail-rank {args.fail_rank} is not a rank of a world of {world_size}")
     if "all" in args.bug:
         args.bug = sorted(BUGS)
     return args
 
 
+def _check_checkpoint(args: argparse.Namespace, world_size: int) -> None:
+    """An existing ``--checkpoint`` must be one, made with this run's settings (read without torch)."""
+    from ddp_tutorial import checkpoint
+
+    path = _path("--checkpoint", args.checkpoint, folder=False)
+    if not path.exists():
+        return
+    now = {"world_size": world_size, "batch_size": args.batch_size, "accum_steps": args.accum_steps,
+           "dataset_size": args.dataset_size, "seed": args.seed}
+    try:
+        checkpoint.check_settings(path, now)
+    except checkpoint.CheckpointError as exc:
+        raise ConfigError(f"--checkpoint: {exc}") from None
+
+
 def parse(argv: Sequence[str], world_size: int) -> argparse.Namespace:
     """Parse and validate training flags; raise ConfigError instead of exiting."""
     parser = build_parser()
+
+    def refuse(message: str):  # argparse's message names the flag: keep it
+        raise ConfigError(f"bad training flags {list(argv)!r}: {message} (see --help)")
+
+    parser.error = refuse
     try:
         args = parser.parse_args(list(argv))
-    except SystemExit as exc:  # argparse exits on unknown flags or bad types
+    except SystemExit as exc:  # --help, --version: they exit too
         raise ConfigError(f"bad training flags {list(argv)!r} (see --help)") from exc
     return validate(args, world_size)

@@ -2,34 +2,48 @@
 
 ``launch`` is what a notebook cell calls. It gives the workers torchrun's
 environment contract (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1,
-MASTER_PORT=<a free port>), streams their output as ``[rank r] ...``, and
+MASTER_PORT=<a port it holds>), streams their output as ``[rank r] ...``, and
 returns a ``Run`` with each rank's metrics. It never pickles notebook code and
 never forks the kernel: each rank is ``python <script>`` in a new process.
 
 The fault contract: the first rank that fails stops the whole group
 (``WorkerError`` with its traceback); a deadline turns a hang into
 ``LaunchTimeout``; an interrupt stops every worker; no worker outlives a launch.
+Every input is checked before anything starts (``LaunchConfigError``).
+
+Nothing listens beyond loopback: ``launch`` binds the rendezvous store's socket
+on 127.0.0.1 itself and hands it to rank 0, whose bootstrap hosts the store on
+it (``TCPStore(master_listen_fd=...)``); every rank, rank 0 included, joins as
+a client, as under torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True).
+gloo and nccl are pinned to the loopback interface.
+
 This module imports no torch, so a launch costs the kernel nothing up front.
 """
 
 from __future__ import annotations
 
+import argparse
 import atexit
+import codecs
 import importlib.util
+import io
+import json
+import math
+import numbers
 import os
-import queue
 import random
 import re
+import select
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import weakref
+from collections.abc import Mapping, Sequence as SequenceABC
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from ddp_tutorial import config
 from ddp_tutorial.metrics import Run
@@ -39,6 +53,19 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 TRAIN_SCRIPT = str(PACKAGE_DIR / "train.py")
 BOOTSTRAP = str(PACKAGE_DIR / "_bootstrap.py")
 TRAIN_MODULE = "ddp_tutorial.train"
+LOOPBACK = "127.0.0.1"
+#: More ranks than this on one machine is a typo, not a plan.
+MAX_WORLD_SIZE = 1024
+BACKENDS = ("auto", "gloo", "nccl")
+ECHOES = ("all", "rank0", "none")
+#: The file ``launch`` claims its run folder with (``O_EXCL``): one launch per folder.
+CLAIM_FILE = ".launch.json"
+#: Seconds the kernel gets to reap a rank after SIGKILL; a rank stuck in the
+#: kernel (uninterruptible I/O) longer than this is left, not waited for forever.
+KILL_WAIT_S = 5.0
+#: Seconds to read what the ranks wrote before they exited (what a grandchild
+#: that left their process group still holds open is not waited for longer).
+DRAIN_S = 2.0
 
 
 def scripts_path(name: str) -> str:
@@ -59,7 +86,7 @@ class LaunchError(RuntimeError):
 
 
 class LaunchConfigError(LaunchError, ValueError):
-    """Bad input, found before any process started."""
+    """Bad input, found before any process started and before any folder was made."""
 
 
 class WorkerError(LaunchError):
@@ -88,17 +115,21 @@ class LaunchTimeout(LaunchError, TimeoutError):
         self.still_running = still_running
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that is free right now, chosen at random below the OS's ephemeral range.
+def free_port(host: str = LOOPBACK) -> int:
+    """A port that is free right now, chosen at random outside the OS's ephemeral range.
 
+    For a server you start yourself (e.g. a torchrun rendezvous endpoint).
     Ports the OS hands out for outgoing connections (gloo opens many) come from
     the ephemeral range; a listening port picked from there could be taken by
-    one of them before the store binds it. Below that range only listeners live.
+    one of them first. ``launch`` needs none of this: it binds its store's
+    socket itself and hands it to rank 0, so nothing can take the port between.
     """
-    low, _ = _ephemeral_range()
     rng = random.SystemRandom()  # concurrent launches must not share a sequence
-    for _ in range(100):
-        port = rng.randrange(20000, max(20001, low))
+    ranges = _listener_ranges(*_ephemeral_range())
+    sizes = [high - low for low, high in ranges]
+    for _ in range(100 if ranges else 0):
+        low, high = rng.choices(ranges, weights=sizes)[0]
+        port = rng.randrange(low, high)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind((host, port))
@@ -110,6 +141,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _listener_ranges(low: int, high: int, floor: int = 20000, min_size: int = 1000):
+    """Port ranges ``[a, b)`` outside the ephemeral range ``[low, high]`` with room to pick from.
+
+    Below the range from ``floor`` up (clear of well-known services) if that leaves
+    ``min_size`` ports, else above it, else from 1024 up; empty if none is big enough.
+    """
+    for a, b in ((floor, low), (high + 1, 65536), (1024, low)):
+        if b - a >= min_size:
+            return [(a, b)]
+    return []
+
+
 def _ephemeral_range():
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
@@ -117,6 +160,39 @@ def _ephemeral_range():
         return low, high
     except (OSError, ValueError):
         return 32768, 60999  # Linux's default
+
+
+def _listen_socket() -> socket.socket:
+    """A TCP socket bound to a free port on 127.0.0.1 and listening: the store's, for rank 0.
+
+    Bound before any rank starts, so no other program can take the port in
+    between, and ranks that connect before rank 0 hosts the store wait in the
+    backlog instead of being refused and backing off.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((LOOPBACK, 0))
+        sock.listen(socket.SOMAXCONN)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def loopback_interface() -> Optional[str]:
+    """The name of this machine's loopback network interface (``lo`` on Linux), or None."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    for name in names:
+        try:
+            with open(f"/sys/class/net/{name}/flags") as f:
+                if int(f.read(), 16) & 0x8:  # IFF_LOOPBACK
+                    return name
+        except (OSError, ValueError):
+            continue
+    return next((n for n in names if n in ("lo", "lo0")), None)
 
 
 def _describe_exit(code: int) -> str:
@@ -133,7 +209,7 @@ _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 
 
 def port_taken(text: str) -> bool:
-    """Whether a rank failed because its MASTER_PORT was taken (TCPStore: EADDRINUSE)."""
+    """Whether a rank failed because its MASTER_PORT was taken (EADDRINUSE)."""
     text = text.lower()
     return "eaddrinuse" in text or "address already in use" in text
 
@@ -147,100 +223,104 @@ def _last_traceback(lines: List[str], max_lines: int = 40) -> str:
     return "\n".join(lines[-15:]) or "(no output)"
 
 
-# Groups still running, so an exiting kernel can stop them (atexit below).
-_LIVE_GROUPS: "weakref.WeakSet[_WorkerGroup]" = weakref.WeakSet()
+# -- Checking every input before anything starts --------------------------------
+def _refuse(name: str, allowed: str, value) -> LaunchConfigError:
+    return LaunchConfigError(f"{name} must be {allowed}, got {value!r}")
 
 
-class _WorkerGroup:
-    """The processes of one attempt, with a thread per pipe feeding one event queue."""
-
-    def __init__(self, cmd: List[str], envs: List[Dict[str, str]], echo: str):
-        self.events: "queue.Queue[tuple]" = queue.Queue()
-        self.output: Dict[int, List[str]] = {r: [] for r in range(len(envs))}
-        self.exit_codes: Dict[int, Optional[int]] = {r: None for r in range(len(envs))}
-        self.echo = echo
-        self.port: Optional[int] = None
-        self.procs: List[subprocess.Popen] = []
-        self.threads: List[threading.Thread] = []
-        _LIVE_GROUPS.add(self)
-        try:
-            for rank, env in enumerate(envs):
-                # start_new_session: the rank gets its own process group, so a kill
-                # reaches anything it started, and a terminal's Ctrl-C reaches only us.
-                p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     text=True, errors="replace", bufsize=1)
-                self.procs.append(p)
-                for target in (self._read, self._wait):
-                    t = threading.Thread(target=target, args=(rank, p), daemon=True)
-                    t.start()
-                    self.threads.append(t)
-        except BaseException:
-            self.kill()
-            raise
-
-    @property
-    def pids(self) -> List[int]:
-        return [p.pid for p in self.procs]
-
-    def _read(self, rank: int, p: subprocess.Popen) -> None:
-        for line in p.stdout:
-            self.events.put(("line", rank, line.rstrip("\n")))
-        self.events.put(("eof", rank, None))
-
-    def _wait(self, rank: int, p: subprocess.Popen) -> None:
-        code = p.wait()
-        self.events.put(("exit", rank, code))
-
-    def handle(self, event: tuple) -> None:
-        kind, rank, value = event
-        if kind == "line":
-            value = _TORCH_RANK_PREFIX.sub("", value)  # we say "[rank r]" already
-            self.output[rank].append(value)
-            if self.echo == "all" or (self.echo == "rank0" and rank == 0):
-                print(f"[rank {rank}] {value}", flush=True)
-        elif kind == "exit":
-            self.exit_codes[rank] = value
-
-    def kill(self, grace: float = 1.0) -> None:
-        """SIGTERM every rank's process group, then SIGKILL what is left after ``grace`` s."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for p in self.procs:
-                try:
-                    os.killpg(p.pid, sig)  # the group: the rank and anything it started
-                except (ProcessLookupError, PermissionError):
-                    pass
-            end = time.monotonic() + grace
-            for p in self.procs:
-                try:
-                    p.wait(timeout=max(0.0, end - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
-        for p in self.procs:
-            if p.poll() is None:
-                p.wait()
-        _LIVE_GROUPS.discard(self)
+def _integer(name: str, value, low: int, high: Optional[int] = None) -> int:
+    """``value`` as an int in ``[low, high]``; bools, floats and strings are refused."""
+    allowed = f"an integer >= {low}" + (f" and <= {high}" if high is not None else "")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise _refuse(name, allowed, value)
+    if value < low or (high is not None and value > high):
+        raise _refuse(name, allowed, value)
+    return int(value)
 
 
-@atexit.register
-def _stop_all_groups() -> None:
-    for group in list(_LIVE_GROUPS):
-        group.kill(grace=0.5)
+def _seconds(name: str, value, positive: bool) -> float:
+    """``value`` as a finite number of seconds, > 0 (``positive``) or >= 0."""
+    allowed = "a finite number of seconds " + ("> 0" if positive else ">= 0")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise _refuse(name, allowed, value)
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise _refuse(name, allowed, value)
+    return value
 
 
-def _resolve_script(script: Union[str, os.PathLike]) -> List[str]:
+def _choice(name: str, value, choices: Sequence[str]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        allowed = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
+        raise _refuse(name, allowed, value)
+    return value
+
+
+def _no_nul(name: str, text: str) -> str:
+    if "\0" in text:
+        raise LaunchConfigError(f"{name} must not contain a NUL character, got {text!r}")
+    return text
+
+
+def _path_text(name: str, value) -> str:
+    """A path given as str or os.PathLike, non-empty and without NUL."""
+    if isinstance(value, (str, os.PathLike)):
+        text = os.fspath(value)
+        if isinstance(text, str) and text.strip():
+            return _no_nul(name, text)
+    raise _refuse(name, "a non-empty path (str or os.PathLike)", value)
+
+
+def _args_param(args) -> List[str]:
+    """The argument list: strings, numbers or paths, each one argument."""
+    allowed = "a list of arguments such as ['--epochs', '2'] (strings, numbers or paths)"
+    if isinstance(args, (str, bytes)) or not isinstance(args, SequenceABC):
+        # one string would be split into characters
+        raise _refuse("args", allowed, args)
+    out = []
+    for i, arg in enumerate(args):
+        if isinstance(arg, bool) or not isinstance(arg, (str, numbers.Real, os.PathLike)):
+            raise _refuse(f"args[{i}]", "a string, a number or a path", arg)
+        text = os.fspath(arg) if isinstance(arg, os.PathLike) else str(arg)
+        if not isinstance(text, str):
+            raise _refuse(f"args[{i}]", "a string, a number or a path", arg)
+        out.append(_no_nul(f"args[{i}]", text))
+    return out
+
+
+def _env_param(env) -> Dict[str, str]:
+    """Extra environment variables: names and values are strings, names without '='."""
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise _refuse("env", "None or a dict of str -> str", env)
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+            raise _refuse("env key", "a non-empty string without '=' or NUL", key)
+        if not isinstance(value, str):
+            raise _refuse(f"env[{key!r}]", "a string (environment values are text)", value)
+        _no_nul(f"env[{key!r}]", value)
+    return dict(env)
+
+
+def _resolve_script(script) -> List[str]:
     """``[path]`` or ``["-m", module]`` for the worker command line; checks it exists."""
-    text = os.fspath(script).strip()
+    text = _path_text("script", script).strip()
     if text.startswith("-m "):
         module = text[3:].strip()
+        if not all(part.isidentifier() for part in module.split(".")):
+            raise LaunchConfigError(f"script '-m {module}' does not name a module: "
+                                    "give '-m package.module'")
         try:
             found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
+        except Exception:  # a parent package that fails to import: not runnable either
             found = False
         if not found:
             raise LaunchConfigError(f"module {module!r} not found: cannot run `-m {module}`")
         return ["-m", module]
     path = Path(text).expanduser()
+    if path.is_dir():
+        raise LaunchConfigError(f"script {str(path)!r} is a folder: give a .py file path, or '-m module'")
     if not path.is_file():
         raise LaunchConfigError(f"script not found: {str(path)!r} (give a .py file path, or '-m module')")
     return [str(path.resolve())]
@@ -248,6 +328,37 @@ def _resolve_script(script: Union[str, os.PathLike]) -> List[str]:
 
 def _is_train(target: List[str]) -> bool:
     return target == ["-m", TRAIN_MODULE] or target == [TRAIN_SCRIPT]
+
+
+def given_flags(args: Sequence[str]) -> Dict[str, object]:
+    """The training flags ``args`` sets explicitly, by destination (``--out=DIR`` -> ``{"out": "DIR"}``).
+
+    Parsed like train.py parses them, so ``--out=DIR`` and abbreviations count;
+    flags left at their defaults are absent. ``args`` must already parse.
+    """
+    parser = config.build_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return vars(parser.parse_known_args(list(args))[0])
+
+
+def _train_settings(args: List[str], world_size: int, backend: str, run_dir):
+    """Check train.py's flags; returns (backend, run_dir) with ``--backend``/``--out`` applied."""
+    try:
+        parsed = config.parse(args, world_size)
+    except config.ConfigError as exc:
+        raise LaunchConfigError(str(exc)) from None
+    given = given_flags(args)
+    if "backend" in given:
+        if backend != "auto" and backend != parsed.backend:
+            raise LaunchConfigError(f"backend={backend!r} and --backend {parsed.backend} disagree: give one")
+        backend = parsed.backend
+    if "out" in given:
+        if run_dir is not None and Path(run_dir).expanduser().resolve() != Path(parsed.out).resolve():
+            raise LaunchConfigError(f"run_dir={str(run_dir)!r} and --out {parsed.out!r} name different "
+                                    "folders: train.py writes to --out; give one")
+        run_dir = parsed.out
+    return backend, run_dir
 
 
 def _check_nccl(world_size: int) -> None:
@@ -262,41 +373,261 @@ def _check_nccl(world_size: int) -> None:
                                 f"but only {gpus} GPU(s) are visible; use world_size <= {gpus}")
 
 
-def _new_run_dir(run_dir, target: List[str]) -> Path:
-    if run_dir is not None:
-        path = Path(run_dir)
-        if path.exists() and any(path.iterdir()):
-            raise LaunchConfigError(f"run_dir {str(path)!r} is not empty: each launch needs its own "
+def _check_run_dir(path: Path, name: str, empty: bool = True) -> None:
+    """Refuse a folder that is a file, is not ``empty``, or cannot be made (creates nothing)."""
+    if path.exists() and not path.is_dir():
+        raise LaunchConfigError(f"{name} {str(path)!r} is a file: give a folder (new or empty)")
+    if path.is_dir():
+        if empty and any(path.iterdir()):
+            raise LaunchConfigError(f"{name} {str(path)!r} is not empty: each launch needs its own "
                                     "folder, so no earlier results are overwritten")
-        path.mkdir(parents=True, exist_ok=True)
-        return path.resolve()
-    root = Path(os.environ.get("DDP_TUTORIAL_RUNS", "runs"))
-    root.mkdir(parents=True, exist_ok=True)
-    name = Path(target[-1]).stem if target[0] != "-m" else target[1].rsplit(".", 1)[-1]
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path(tempfile.mkdtemp(prefix=f"{stamp}-{name}-", dir=root)).resolve()
+        existing = path
+    else:
+        existing = next(p for p in path.absolute().parents if p.exists())
+        if not existing.is_dir():
+            raise LaunchConfigError(f"{name} {str(path)!r} cannot be made: {str(existing)!r} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise LaunchConfigError(f"{name} {str(path)!r} cannot be written: no write permission "
+                                f"on {str(existing)!r}")
+
+
+def _claim_run_dir(run_dir, target: List[str], name: str, info: Dict[str, object]) -> Path:
+    """Make (or take the empty) run folder and claim it, so no second launch can take it too.
+
+    The claim is ``CLAIM_FILE`` created with ``O_EXCL``: of two launches given the
+    same folder at once, exactly one creates it; the other is refused.
+    """
+    if run_dir is None:
+        root = Path(os.environ.get("DDP_TUTORIAL_RUNS", "runs"))
+        _check_run_dir(root, "DDP_TUTORIAL_RUNS", empty=False)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            stem = Path(target[-1]).stem if target[0] != "-m" else target[1].rsplit(".", 1)[-1]
+            path = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}-", dir=root))
+        except OSError as exc:
+            raise LaunchConfigError(f"cannot make a run folder under {str(root)!r}: {exc}") from None
+    else:
+        path = Path(_path_text(name, run_dir)).expanduser()
+        _check_run_dir(path, name)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LaunchConfigError(f"{name} {str(path)!r} cannot be made: {exc}") from None
+    try:
+        fd = os.open(path / CLAIM_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise LaunchConfigError(f"{name} {str(path)!r} is taken by another launch") from None
+    with os.fdopen(fd, "w") as f:
+        json.dump({**info, "launcher_pid": os.getpid(), "started": time.time()}, f)
+    if any(p.name != CLAIM_FILE for p in path.iterdir()):  # written to between our check and claim
+        (path / CLAIM_FILE).unlink()
+        raise LaunchConfigError(f"{name} {str(path)!r} is not empty: another program writes there")
+    return path.resolve()
 
 
 def _worker_env(rank: int, world_size: int, port: int, run_dir: Path, backend: str,
-                attempt: int, max_restarts: int, extra: Optional[Dict[str, str]]) -> Dict[str, str]:
+                attempt: int, max_restarts: int, store: Optional[str],
+                extra: Dict[str, str]) -> Dict[str, str]:
+    """One rank's environment: torchrun's contract, loopback-only networking, then ``extra``.
+
+    Args:
+        store: for rank 0, how its bootstrap hosts the store: ``"fd:N"`` (the
+            socket ``launch`` bound) or ``"bind"`` (bind MASTER_PORT itself); else None.
+    """
     env = dict(os.environ)
+    env.pop("DDP_TUTORIAL_STORE", None)
     env.update({
         # torchrun's contract, for one node
         "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0",
         "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
         "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world_size),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port),
         "TORCHELASTIC_RESTART_COUNT": str(attempt), "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        # Rank 0's bootstrap hosts the store on a loopback socket, so env:// must not
+        # start a second server (on all interfaces): every rank connects as a client.
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
         # ours
         "DDP_TUTORIAL_RUN_DIR": str(run_dir), "DDP_TUTORIAL_BACKEND": backend,
         "DDP_TUTORIAL_LAUNCHER_PID": str(os.getpid()),
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_DIR.parent), env.get("PYTHONPATH")])),
     })
+    lo = loopback_interface()
+    if lo:  # gloo's and nccl's own listening sockets: loopback, whatever the host name resolves to
+        env.update({"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo})
+    if store:
+        env["DDP_TUTORIAL_STORE"] = store
     # One thread per rank unless asked otherwise: N ranks x all cores thrash a small machine.
     env.setdefault("OMP_NUM_THREADS", "1")
-    env.update(extra or {})
+    env.update(extra)
     return env
+
+
+# Groups still running, so an exiting kernel can stop them (atexit below).
+_LIVE_GROUPS: "weakref.WeakSet[_WorkerGroup]" = weakref.WeakSet()
+
+
+class _WorkerGroup:
+    """The processes of one attempt, watched from the calling thread alone (no threads).
+
+    One ``select.poll`` covers every rank's output pipe and, where the OS has
+    them, a pidfd per rank that becomes readable when the rank exits.
+    """
+
+    def __init__(self, cmd: List[str], envs: List[Dict[str, str]], echo: str,
+                 store_fd: Optional[int] = None):
+        self.output: Dict[int, List[str]] = {r: [] for r in range(len(envs))}
+        self.exit_codes: Dict[int, Optional[int]] = {r: None for r in range(len(envs))}
+        self.echo = echo
+        self.port: Optional[int] = None
+        self.procs: List[subprocess.Popen] = []
+        self._poll = select.poll()
+        self._pipes: Dict[int, Tuple[int, io.IncrementalNewlineDecoder, object]] = {}
+        self._pidfds: Dict[int, int] = {}
+        self._partial: Dict[int, str] = {r: "" for r in range(len(envs))}
+        _LIVE_GROUPS.add(self)
+        try:
+            for rank, env in enumerate(envs):
+                # start_new_session: the rank gets its own process group, so a kill
+                # reaches anything it started, and a terminal's Ctrl-C reaches only us.
+                try:
+                    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True, bufsize=0,
+                                         pass_fds=(store_fd,) if rank == 0 and store_fd is not None else ())
+                except OSError as exc:
+                    raise LaunchError(f"could not start rank {rank}: {exc}") from exc
+                self.procs.append(p)
+                self._watch(rank, p)
+        except BaseException:
+            self.stop(grace=0.0)
+            self.close()
+            raise
+
+    @property
+    def pids(self) -> List[int]:
+        return [p.pid for p in self.procs]
+
+    def _watch(self, rank: int, p: subprocess.Popen) -> None:
+        fd = p.stdout.fileno()
+        decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder("utf-8")("replace"), True)
+        self._pipes[fd] = (rank, decoder, p.stdout)
+        self._poll.register(fd, select.POLLIN)
+        try:
+            pidfd = os.pidfd_open(p.pid)  # wakes the poll the moment the rank exits
+        except (AttributeError, OSError):  # not Linux >= 5.3: exits are seen within a poll tick
+            return
+        self._pidfds[pidfd] = rank
+        self._poll.register(pidfd, select.POLLIN)
+
+    def pump(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for output or an exit; handle every line that came."""
+        for fd, _ in self._poll.poll(max(0, int(timeout_s * 1000))):
+            if fd in self._pidfds:
+                self._unwatch_pidfd(fd)
+            elif fd in self._pipes:
+                rank, decoder, _ = self._pipes[fd]
+                data = os.read(fd, 65536)
+                self._feed(rank, decoder.decode(data, final=not data))
+                if not data:  # EOF: the rank and everything that shared its output closed it
+                    self._close_pipe(fd)
+
+    def _feed(self, rank: int, text: str) -> None:
+        lines = (self._partial[rank] + text).split("\n")
+        self._partial[rank] = lines.pop()
+        for line in lines:
+            self._line(rank, line)
+
+    def _line(self, rank: int, line: str) -> None:
+        line = _TORCH_RANK_PREFIX.sub("", line)  # we say "[rank r]" already
+        self.output[rank].append(line)
+        if self.echo == "all" or (self.echo == "rank0" and rank == 0):
+            print(f"[rank {rank}] {line}", flush=True)
+
+    def _close_pipe(self, fd: int) -> None:
+        rank, _, stream = self._pipes.pop(fd)
+        self._poll.unregister(fd)
+        stream.close()
+        if self._partial[rank]:  # a last line without a newline
+            self._line(rank, self._partial[rank])
+            self._partial[rank] = ""
+
+    def _unwatch_pidfd(self, fd: int) -> None:
+        self._pidfds.pop(fd)
+        self._poll.unregister(fd)
+        os.close(fd)
+
+    def reap(self) -> None:
+        """Record the exit of every rank that ended, after killing what it left in its process group.
+
+        The sweep happens while the rank is a zombie (seen with ``WNOWAIT``): its pid,
+        and so its group id, cannot belong to anyone else until it is reaped.
+        """
+        for rank, p in enumerate(self.procs):
+            if p.returncode is not None or not _has_exited(p):
+                continue
+            _killpg(p, signal.SIGKILL)  # leftovers, e.g. a DataLoader worker
+            p.wait()  # it has exited: returns at once
+            self.exit_codes[rank] = p.returncode
+        if all(p.returncode is not None for p in self.procs):
+            _LIVE_GROUPS.discard(self)
+
+    def wait(self, deadline: float) -> bool:
+        """Handle output and exits until every rank is reaped or ``deadline``; True if all were."""
+        while True:
+            self.reap()
+            left = deadline - time.monotonic()
+            if all(p.returncode is not None for p in self.procs) or left <= 0:
+                return all(p.returncode is not None for p in self.procs)
+            self.pump(min(0.05, left))
+
+    def stop(self, grace: float = 1.0) -> None:
+        """SIGTERM every live rank's process group, then SIGKILL what is left after ``grace`` s."""
+        for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_WAIT_S)):
+            self.reap()
+            live = [p for p in self.procs if p.returncode is None]
+            if not live:
+                return
+            for p in live:
+                _killpg(p, sig)
+            if self.wait(time.monotonic() + wait_s):
+                return
+
+    def close(self, drain_s: float = DRAIN_S) -> None:
+        """Read what is left in the pipes (up to ``drain_s``), then close every descriptor."""
+        end = time.monotonic() + drain_s
+        while self._pipes and time.monotonic() < end:
+            self.pump(min(0.05, end - time.monotonic()))
+        for fd in list(self._pipes):
+            self._close_pipe(fd)
+        for fd in list(self._pidfds):
+            self._unwatch_pidfd(fd)
+
+
+def _has_exited(p: subprocess.Popen) -> bool:
+    """Whether ``p`` has exited, without reaping it (where the OS allows)."""
+    if not hasattr(os, "waitid"):
+        return p.poll() is not None  # reaps: the group sweep after it is best effort
+    try:
+        return os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped elsewhere already
+        return p.poll() is not None
+
+
+def _killpg(p: subprocess.Popen, sig: int) -> None:
+    """Signal the process group of rank ``p``, only while ``p`` is not reaped (its pid is ours)."""
+    if p.returncode is not None:
+        return
+    try:
+        os.killpg(p.pid, sig)  # the group: the rank and anything it started
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@atexit.register
+def _stop_all_groups() -> None:
+    for group in list(_LIVE_GROUPS):
+        group.stop(grace=0.5)
+        group.close(drain_s=0.0)
 
 
 def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float = 120.0,
@@ -307,67 +638,61 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
 
     Args:
         script: a .py file path (e.g. ``TRAIN_SCRIPT``), or ``"-m package.module"``.
-        world_size: number of ranks (processes) to start.
-        args: command-line arguments for every rank.
-        timeout: seconds for the whole launch; a run still going then is a hang.
+        world_size: number of ranks (processes) to start, 1 to ``MAX_WORLD_SIZE``.
+        args: command-line arguments for every rank: a list (strings, numbers, paths).
+        timeout: seconds for the whole launch (finite, > 0); a run still going then is a hang.
         backend: ``"auto"``, ``"gloo"`` or ``"nccl"``, passed as DDP_TUTORIAL_BACKEND.
-        run_dir: an empty or new folder for the results; default ``runs/<time>-<script>-<id>``.
-        env: extra environment variables for the workers (they win over ours).
+        run_dir: a new or empty folder for the results; default ``runs/<time>-<script>-<id>``.
+        env: extra environment variables for the workers, str -> str (they win over ours).
         echo: ``"all"`` prints every rank's output live, ``"rank0"`` only rank 0's, ``"none"`` nothing.
-        max_restarts: like torchrun's ``--max-restarts``: after a failure, stop the
+        max_restarts: like torchrun's ``--max-restarts`` (>= 0): after a failure, stop the
             group and start it again (TORCHELASTIC_RESTART_COUNT counts the attempts).
-        master_port: a fixed port instead of a free one (to show why not to hard-code it).
-        grace: seconds between SIGTERM and SIGKILL when stopping workers.
+        master_port: a fixed port, 1-65535, instead of one ``launch`` binds itself
+            (to show why not to hard-code it); rank 0 binds it on 127.0.0.1.
+        grace: seconds (finite, >= 0) between SIGTERM and SIGKILL when stopping workers.
 
     Returns:
         The ``Run``: per-rank metrics from ``run_dir``, output lines and wall time.
 
     Raises:
-        LaunchConfigError: bad input; nothing was started.
+        LaunchConfigError: bad input; nothing was started and no folder made.
         WorkerError: a rank failed (after any restarts); all ranks were stopped.
         LaunchTimeout: ``timeout`` passed; all ranks were stopped.
+        LaunchError: a worker process could not be started at all.
     """
     t0 = time.monotonic()
-    if not isinstance(world_size, int) or world_size < 1:
-        raise LaunchConfigError(f"world_size must be an integer >= 1, got {world_size!r}")
-    if backend not in ("auto", "gloo", "nccl"):
-        raise LaunchConfigError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
-    if timeout <= 0:
-        raise LaunchConfigError(f"timeout must be positive, got {timeout!r}")
-    if echo not in ("all", "rank0", "none"):
-        raise LaunchConfigError(f"echo must be 'all', 'rank0' or 'none', got {echo!r}")
-    args = [str(a) for a in args]
+    world_size = _integer("world_size", world_size, 1, MAX_WORLD_SIZE)
+    timeout = _seconds("timeout", timeout, positive=True)
+    grace = _seconds("grace", grace, positive=False)
+    backend = _choice("backend", backend, BACKENDS)
+    echo = _choice("echo", echo, ECHOES)
+    max_restarts = _integer("max_restarts", max_restarts, 0)
+    if master_port is not None:
+        master_port = _integer("master_port", master_port, 1, 65535)
+    args = _args_param(args)
+    extra_env = _env_param(env)
     target = _resolve_script(script)
+    run_dir_name = "run_dir"
     if _is_train(target):
-        try:
-            parsed = config.parse(args, world_size)
-        except config.ConfigError as exc:
-            raise LaunchConfigError(str(exc)) from None
-        if "--backend" in args:
-            backend = parsed.backend
-        if "--out" in args:
-            run_dir = run_dir if run_dir is not None else parsed.out
+        given_run_dir = run_dir
+        backend, run_dir = _train_settings(args, world_size, backend, run_dir)
+        if given_run_dir is None and run_dir is not None:
+            run_dir_name = "--out"
     if backend == "nccl":
         _check_nccl(world_size)
-    run_dir = _new_run_dir(run_dir, target)
+    run_dir = _claim_run_dir(run_dir, target, run_dir_name,
+                             {"script": target, "world_size": world_size, "args": args})
     cmd = [sys.executable, "-u", BOOTSTRAP, *target, *args]
 
     deadline = t0 + timeout
-    attempt, port_retries = 0, 0
+    attempt = 0
     while True:
-        port = master_port or free_port()
-        envs = [_worker_env(r, world_size, port, run_dir, backend, attempt, max_restarts, env)
-                for r in range(world_size)]
-        group = _WorkerGroup(cmd, envs, echo)
-        group.port = port
+        group, port = _start_group(cmd, world_size, run_dir, backend, attempt, max_restarts,
+                                   master_port, extra_env, echo)
         try:
             output, exit_codes = _supervise(group, deadline, timeout, run_dir, grace)
             break
         except WorkerError as exc:
-            if master_port is None and port_retries < 2 and port_taken(exc.traceback):
-                port_retries += 1  # another program took the port between our pick and its bind
-                print(f"[launch] port {port} was taken meanwhile; retrying on a new port", flush=True)
-                continue
             if attempt >= max_restarts:
                 raise
             attempt += 1
@@ -380,31 +705,51 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
     return run
 
 
+def _start_group(cmd, world_size, run_dir, backend, attempt, max_restarts, master_port,
+                 extra_env, echo) -> Tuple[_WorkerGroup, int]:
+    """Start one attempt's ranks; rank 0 gets the store's listening socket (or binds master_port)."""
+    try:
+        sock = None if master_port else _listen_socket()
+    except OSError as exc:
+        raise LaunchError(f"could not open a listening socket on {LOOPBACK}: {exc}") from exc
+    try:
+        port = master_port or sock.getsockname()[1]
+        store = "bind" if sock is None else f"fd:{sock.fileno()}"
+        envs = [_worker_env(r, world_size, port, run_dir, backend, attempt, max_restarts,
+                            store if r == 0 else None, extra_env) for r in range(world_size)]
+        group = _WorkerGroup(cmd, envs, echo, None if sock is None else sock.fileno())
+    finally:
+        if sock is not None:
+            sock.close()  # rank 0 holds it now: the port is free again once rank 0 exits
+    group.port = port
+    return group, port
+
+
 def _supervise(group: _WorkerGroup, deadline: float, timeout: float, run_dir: Path, grace: float):
     """Wait for the group, printing its output; stop it all on failure, deadline or interrupt."""
     failed: Optional[int] = None
     try:
         while True:
-            try:
-                group.handle(group.events.get(timeout=max(0.0, min(0.1, deadline - time.monotonic()))))
-            except queue.Empty:
-                pass
+            group.reap()
             codes = group.exit_codes
             failed = next((r for r, c in codes.items() if c not in (None, 0)), None)
             if failed is not None or all(c is not None for c in codes.values()):
                 break
-            if time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 break
+            group.pump(min(0.05, left))
     except BaseException:  # KeyboardInterrupt from the notebook's stop button, and the like
-        group.kill(grace)
+        group.stop(grace)
+        group.close(drain_s=0.0)
         raise
     if failed is None and all(c is not None for c in group.exit_codes.values()):
-        _finish(group, grace)
+        group.close()
         return group.output, dict(group.exit_codes)
-    # Failure or deadline: read what is left, stop everyone, then explain.
+    # Failure or deadline: stop everyone, read what is left, then explain.
     still = [r for r, c in group.exit_codes.items() if c is None]
-    group.kill(grace)
-    _finish(group, grace)
+    group.stop(grace)
+    group.close()
     run = Run(run_dir, len(group.procs))
     run.output, run.pids = group.output, group.pids
     run.master_port = group.port
@@ -424,23 +769,3 @@ def _supervise(group: _WorkerGroup, deadline: float, timeout: float, run_dir: Pa
         f"micro-step). A rank waiting for a peer that never comes looks like this: a wrong "
         f"world size, a skipped collective, or uneven inputs. All ranks were stopped. "
         f"Results so far: {run_dir}", {r: run.last_step(r) for r in still}, run)
-
-
-def _finish(group: _WorkerGroup, grace: float) -> None:
-    """Reap the group and read its remaining output (pipes close when the ranks exit)."""
-    if any(p.poll() is None for p in group.procs):
-        group.kill(grace)
-    # Kill leftovers in the ranks' process groups (e.g. a DataLoader worker).
-    for p in group.procs:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    for t in group.threads:
-        t.join(timeout=2.0)
-    while True:
-        try:
-            group.handle(group.events.get_nowait())
-        except queue.Empty:
-            break
-    _LIVE_GROUPS.discard(group)

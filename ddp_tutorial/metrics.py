@@ -1,8 +1,12 @@
 """Per-rank metrics: one JSON line per micro-step, and the ``Run`` that reads them back.
 
 Workers write ``<run_dir>/rank<R>.jsonl``, flushing every line, so a run that
-fails still leaves every step it finished. The notebook side reads them with
-``Run(run_dir)``. No torch is imported here unless a model is loaded.
+fails still leaves every step it finished. Every record carries the restart
+``attempt`` that wrote it (TORCHELASTIC_RESTART_COUNT), and a restarted attempt
+appends on a fresh line even after a line torn by a crash. The notebook side
+reads them with ``Run(run_dir)``, which counts each step once: the final
+attempt's, plus the earlier steps it resumed from. No torch is imported here
+unless a model is loaded.
 """
 
 from __future__ import annotations
@@ -14,6 +18,14 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 
+def restart_attempt() -> int:
+    """This process's restart attempt: TORCHELASTIC_RESTART_COUNT (0 when not restarted)."""
+    try:
+        return max(0, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
+    except ValueError:
+        return 0
+
+
 class MetricsWriter:
     """Append JSON lines to one rank's metrics file, flushed as they go.
 
@@ -21,14 +33,19 @@ class MetricsWriter:
         run_dir: the run folder.
         rank: this process's global rank.
         fresh: truncate an existing file (a new run) instead of appending (a restart).
+        attempt: stored in every record without one; default ``restart_attempt()``.
     """
 
-    def __init__(self, run_dir: str, rank: int, fresh: bool = True):
+    def __init__(self, run_dir: str, rank: int, fresh: bool = True, attempt: Optional[int] = None):
         os.makedirs(run_dir, exist_ok=True)
         self.path = os.path.join(run_dir, f"rank{rank}.jsonl")
+        self.attempt = restart_attempt() if attempt is None else attempt
         self._file = open(self.path, "w" if fresh else "a", encoding="utf-8")
+        if not fresh and _ends_mid_line(self.path):
+            self._file.write("\n")  # the last writer died mid-line: do not glue our first record to it
 
     def write(self, record: Dict[str, Any]) -> None:
+        record = record if "attempt" in record else {**record, "attempt": self.attempt}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()  # a crash a moment later must not lose this step
 
@@ -50,40 +67,94 @@ def report(record: Dict[str, Any]) -> None:
     rank = int(os.environ.get("RANK", 0))
     key = f"{run_dir}:{rank}"
     if key not in _REPORTERS:
-        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0
-        _REPORTERS[key] = MetricsWriter(run_dir, rank, fresh=not restart)
+        _REPORTERS[key] = MetricsWriter(run_dir, rank, fresh=restart_attempt() == 0)
     _REPORTERS[key].write({"kind": "result", "rank": rank, **record})
 
 
+def _ends_mid_line(path: str) -> bool:
+    """Whether the file is non-empty and its last byte is not a newline (a torn record)."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() == 0:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
+
+
 def read_jsonl(path: Path) -> List[Dict[str, Any]]:
-    """Records of one file; a torn last line (the writer died mid-line) is skipped."""
+    """Records of one file; a torn line (the writer died mid-line) is skipped."""
     records = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            if isinstance(record, dict):
+                records.append(record)
     return records
+
+
+def attempt_of(record: Dict[str, Any]) -> int:
+    """The restart attempt that wrote ``record`` (0 for records from before attempts were kept)."""
+    attempt = record.get("attempt", 0)
+    return attempt if isinstance(attempt, int) else 0
+
+
+def counted(records: List[Dict[str, Any]], attempt: int) -> List[Dict[str, Any]]:
+    """The step records that count for ``attempt``: its own, after the earlier ones it resumed from.
+
+    An attempt that starts at step s (resumed from a checkpoint written at s)
+    keeps the steps below s of the attempt before it, and so on back; steps an
+    attempt repeated are counted once, from the later attempt. An attempt that
+    starts from step 0 counts only itself.
+    """
+    by_attempt: Dict[int, List[Dict[str, Any]]] = {}
+    for rec in records:
+        by_attempt.setdefault(attempt_of(rec), []).append(rec)
+    if attempt not in by_attempt:
+        return []  # the attempt has not stepped yet: nothing of it to count
+    kept: List[Dict[str, Any]] = []
+    first = None  # the first step counted so far
+    for a in sorted((a for a in by_attempt if a <= attempt), reverse=True):
+        own = [r for r in by_attempt[a] if first is None or r.get("step", 0) < first]
+        kept = own + kept
+        if own:
+            first = min(r.get("step", 0) for r in own)
+        if first is not None and first <= 0:
+            break
+    return kept
 
 
 class Run:
     """The results of one launch, read from its run folder.
 
+    A run restarted after a failure (``max_restarts``, torchrun) holds records of
+    several attempts. By default ``Run`` shows the final attempt: its summaries
+    and events, and as steps the final attempt's plus the earlier steps it
+    resumed from (``counted``), so every step is counted once and the step
+    counts agree with the summary. ``Run(run_dir, attempt=k)`` shows attempt k alone.
+
     Attributes:
         run_dir: the folder holding ``rank<R>.jsonl`` and, after training, ``model.pt``.
+        attempt: the attempt shown; ``attempts``: every attempt found in the files.
         steps: per rank, the list of micro-step records in order.
         summaries: per rank, the final summary record (missing for ranks that died).
-        events: per rank, other records (e.g. ``checkpoint``, ``restart``).
+        events: per rank, other records (e.g. ``checkpoint``, ``resume``, ``result``).
+        records: per rank, every record of the file, of every attempt, in order.
         output: per rank, the lines the worker printed (filled in by ``launch``).
         wall_seconds: launch wall time (filled in by ``launch``).
     """
 
-    def __init__(self, run_dir, world_size: Optional[int] = None):
+    def __init__(self, run_dir, world_size: Optional[int] = None, attempt: Optional[int] = None):
         self.run_dir = Path(run_dir)
+        self.requested_attempt = attempt
+        self.attempt = 0
+        self.attempts: List[int] = []
         self.steps: Dict[int, List[Dict[str, Any]]] = {}
         self.summaries: Dict[int, Dict[str, Any]] = {}
         self.events: Dict[int, List[Dict[str, Any]]] = {}
+        self.records: Dict[int, List[Dict[str, Any]]] = {}
         self.output: Dict[int, List[str]] = {}
         self.wall_seconds: Optional[float] = None
         self.pids: List[int] = []  # worker pids (filled in by ``launch``)
@@ -94,21 +165,26 @@ class Run:
 
     def reload(self) -> "Run":
         """(Re)read every rank file in the run folder."""
-        self.steps, self.summaries, self.events = {}, {}, {}
+        self.records = {}
         for path in sorted(self.run_dir.glob("rank*.jsonl")):
             m = re.fullmatch(r"rank(\d+)\.jsonl", path.name)
-            if not m:
-                continue
-            rank = int(m.group(1))
-            self.steps[rank], self.events[rank] = [], []
-            for rec in read_jsonl(path):
-                kind = rec.get("kind")
-                if kind == "step":
-                    self.steps[rank].append(rec)
-                elif kind == "summary":
+            if m:
+                self.records[int(m.group(1))] = read_jsonl(path)
+        self.attempts = sorted({attempt_of(r) for recs in self.records.values() for r in recs})
+        final = self.attempts[-1] if self.attempts else 0
+        self.attempt = final if self.requested_attempt is None else self.requested_attempt
+        self.steps, self.summaries, self.events = {}, {}, {}
+        for rank, recs in sorted(self.records.items()):
+            steps = [r for r in recs if r.get("kind") == "step"]
+            if self.requested_attempt is None:
+                self.steps[rank] = counted(steps, self.attempt)
+            else:
+                self.steps[rank] = [r for r in steps if attempt_of(r) == self.attempt]
+            own = [r for r in recs if attempt_of(r) == self.attempt and r.get("kind") != "step"]
+            self.events[rank] = [r for r in own if r.get("kind") != "summary"]
+            for rec in own:
+                if rec.get("kind") == "summary":
                     self.summaries[rank] = rec
-                else:
-                    self.events[rank].append(rec)
         return self
 
     @property

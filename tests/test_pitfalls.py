@@ -1,0 +1,245 @@
+"""The pitfalls lab (notebook 08): each pitfall's wrong result and its fix, through real launches.
+
+One launch per worker script is shared by the tests of that script (module-scoped
+fixtures). The failing launches of pitfall 8 run in their own tests.
+"""
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+
+from ddp_tutorial import lessons_pitfalls as lessons  # noqa: E402
+from ddp_tutorial import plots  # noqa: E402
+
+TIMEOUT = 180  # a busy 2-core machine: a deadline, not an expectation
+
+
+def launch_once(tmp_path_factory, name, world_size=2, args=()):
+    return lessons.run_pitfall(name, world_size, args, timeout=TIMEOUT, run_dir=tmp_path_factory.mktemp(name))
+
+
+@pytest.fixture(scope="module")
+def bn(tmp_path_factory):
+    return lessons.batchnorm_summary(launch_once(tmp_path_factory, "batchnorm", args=["--steps", "4"]))
+
+
+@pytest.fixture(scope="module")
+def unused(tmp_path_factory):
+    return lessons.unused_summary(launch_once(tmp_path_factory, "unused"))
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return lessons.checkpoint_summary(launch_once(tmp_path_factory, "checkpoint"))
+
+
+@pytest.fixture(scope="module")
+def evaluation(tmp_path_factory):
+    return lessons.evaluation_rows(launch_once(tmp_path_factory, "evaluation", 4, ["--sizes", 9, 10, 12]))
+
+
+@pytest.fixture(scope="module")
+def seeding(tmp_path_factory):
+    return lessons.seeding_summary(launch_once(tmp_path_factory, "seeding"))
+
+
+@pytest.fixture(scope="module")
+def lr(tmp_path_factory):
+    return lessons.lr_summary(launch_once(tmp_path_factory, "lr"))
+
+
+@pytest.fixture(scope="module")
+def clipping(tmp_path_factory):
+    return lessons.clipping_summary(launch_once(tmp_path_factory, "clipping", args=["--steps", "3"]))
+
+
+# -- 1. BatchNorm ------------------------------------------------------------------
+def test_batchnorm_without_sync_each_rank_keeps_its_own_statistics(bn):
+    wrong = bn["no_sync"]
+    assert wrong["across_ranks"] > 1e-2 and wrong["vs_reference"] > 1e-2
+    assert wrong["eval_across_ranks"] > 1e-3  # one model, one input, two predictions
+    assert wrong["params_vs_reference"] > 1e-3
+
+
+def test_batchnorm_default_broadcast_copies_rank0_buffers_at_every_forward(bn):
+    b = bn["broadcast"]
+    assert bn["keyword"] == "forward_sync_buffers"  # torch 2.13's name for broadcast_buffers
+    assert b["starts_equal"] and not bn["no_sync"]["starts_equal"]
+    assert b["rank0_vs_own_ema"] < 1e-6  # rank 0's statistics are its own shard's
+    assert b["vs_reference"] > 1e-2
+
+
+def test_batchnorm_allreduced_statistics_equal_one_process_on_the_global_batch(bn):
+    fix = bn["allreduce"]
+    assert fix["across_ranks"] == 0 and fix["eval_across_ranks"] == 0
+    assert fix["vs_reference"] < 1e-5 and fix["params_vs_reference"] < 1e-5
+
+
+def test_syncbatchnorm_refuses_cpu_in_ddp_and_in_forward(bn):
+    assert bn["device"] == "cpu"
+    ddp_error, forward_error = bn["syncbn"]["errors"]
+    assert "only work with GPU modules" in ddp_error
+    assert "expected input tensor to be on GPU" in forward_error
+
+
+# -- 2. Unused parameters -----------------------------------------------------------
+def test_unused_parameter_error_is_raised_and_names_the_skipped_head(unused):
+    assert unused["error_first_line"].startswith("Expected to have finished reduction in the prior iteration")
+    assert unused["error_step"] == 2
+    assert unused["unused_params"] == ["aux.weight", "aux.bias"]
+
+
+def test_find_unused_and_static_graph_train_like_one_process(unused):
+    fu, sg = unused["find_unused"], unused["static_graph"]
+    assert fu["without_grad"] == [[], ["aux.weight", "aux.bias"]] * 3
+    assert sg["without_grad"] == [["aux.weight", "aux.bias"]] * 6
+    for fix in (fu, sg):
+        assert fix["ranks_agree"] and fix["max_diff_reference"] < 1e-6
+    assert "static_graph" in unused["static_graph_error"]
+
+
+def test_find_unused_parameters_costs_cpu_per_step(unused):
+    cost = unused["cost"]
+    assert set(cost["cpu"]) == {"no flag", "find_unused_parameters", "static_graph"}
+    extra = cost["paired_cpu"]["find_unused_parameters"]
+    assert extra["steps"] == 120
+    assert extra["median_ms"] > 0 and extra["slower_fraction"] > 0.5
+
+
+# -- 3. Saving and loading ----------------------------------------------------------
+def test_ddp_state_dict_has_module_prefix_and_plain_load_refuses(ckpt):
+    assert all(k.startswith("module.") for k in ckpt["saved_keys"])
+    assert ckpt["error"].startswith("Error(s) in loading state_dict")
+    assert ckpt["missing"] == ckpt["unexpected"] == len(ckpt["saved_keys"]) == 4
+    assert ckpt["rescue_identical"] and ckpt["rescued_keys"] == [k[len("module."):] for k in ckpt["saved_keys"]]
+
+
+def test_rank0_saves_unwrapped_and_every_rank_loads_identical(ckpt):
+    assert ckpt["writers"] == [0]
+    assert ckpt["identical"] == {0: True, 1: True}
+    assert ckpt["saved_from"] == ["cpu"] and ckpt["loaded_on"] == {0: ["cpu"], 1: ["cpu"]}
+
+
+# -- 4. Evaluation ------------------------------------------------------------------
+def test_padding_skews_accuracy_and_real_counts_are_exact(evaluation):
+    by_size = {r["size"]: r for r in evaluation}
+    assert [by_size[s]["padding"] for s in (9, 10, 12)] == [3, 2, 0]
+    for size in (9, 10):
+        row = by_size[size]
+        assert row["padded_counts"][1] == 12 and row["padded"] != row["true"]
+        assert row["repeated"] == list(range(row["padding"]))  # repeats of the first samples
+    for row in evaluation:
+        assert row["fixed_counts"] == row["true_counts"] and row["fixed_counts"][1] == row["size"]
+        assert row["fixed_on_every_rank"]
+    assert by_size[12]["padded"] == by_size[12]["true"]  # no padding, nothing to fix
+
+
+# -- 5. Seeding ----------------------------------------------------------------------
+def test_one_seed_gives_every_rank_the_same_dropout_masks(seeding):
+    one, per_rank = seeding["dropout"]["same_seed"], seeding["dropout"]["per_rank_seed"]
+    assert one["rows_per_step"] == 8
+    assert one["distinct_per_step"] == [4, 4, 4] and one["agreement_with_rank0"] == 1.0
+    assert per_rank["distinct_per_step"] == [8, 8, 8] and per_rank["agreement_with_rank0"] < 0.75
+
+
+def test_sampler_needs_one_seed_on_every_rank(seeding):
+    assert seeding["sampler"]["same_seed"] == {"seen": 16, "distinct": 16, "twice_or_more": 0, "never": 0}
+    assert seeding["sampler"]["per_rank_seed"]["never"] > 0
+    assert seeding["init_distinct"] == {"same_seed": 1, "per_rank_seed": 2}
+
+
+# -- 6. Learning rate -----------------------------------------------------------------
+def test_kept_lr_trains_slower_and_linear_scaling_with_warmup_catches_up(lr):
+    assert lr["global_batch"] == 16 and lr["scaled_lr"] == pytest.approx(0.2)
+    assert len(lr["samples"]) == 96 and lr["samples"][-1] == 3 * 512
+    assert lr["final_ratio"]["kept"] > 2
+    assert lr["final_ratio"]["scaled"] < 1.3
+
+
+# -- 7. Clipping ----------------------------------------------------------------------
+def test_clipping_inside_no_sync_drifts_and_clipping_once_matches(clipping):
+    assert len(clipping["right"]["max_diff"]) == 3
+    assert max(clipping["right"]["max_diff"]) < 1e-6
+    assert min(clipping["wrong"]["max_diff"]) > 1e-3
+    assert clipping["right"]["ranks_agree"] and clipping["wrong"]["ranks_agree"]
+    assert min(clipping["reference_norms"]) > clipping["max_norm"]
+    assert all(len(norms) == 4 for norms in clipping["wrong"]["norms"][0])  # one clip per micro-step
+
+
+# -- 8. Debugging a hang --------------------------------------------------------------
+def test_shape_mismatch_aborts_in_cpp_without_debug():
+    failure = lessons.shape_mismatch(debug=False, timeout=TIMEOUT)
+    assert failure["kind"] == "WorkerError"
+    assert failure["aborted"] == [0]  # the rank with the smaller tensor receives more than it expects
+    assert "Received data size doesn't match expected size" in failure["headlines"][0]  # printed before it died
+    assert not any("TensorShape" in (h or "") for h in failure["headlines"].values())
+
+
+def test_shape_mismatch_names_both_shapes_with_detail():
+    failure = lessons.shape_mismatch(debug=True, timeout=TIMEOUT)
+    assert failure["aborted"] == [] and failure["names_script_line"]
+    assert "Detected mismatch between collectives" in failure["error"] and "Tensor shapes" in failure["error"]
+    assert "TensorShape=[4]" in failure["error"] and "TensorShape=[5]" in failure["error"]
+    for line in failure["headlines"].values():  # a rank stopped by the launcher first has none
+        assert line is None or "Tensor shapes" in line
+    assert [r["debug"] for r in failure["reports"][0]] == ["DETAIL"]
+
+
+def test_plain_barrier_times_out_without_naming_the_missing_rank():
+    failure = lessons.missing_rank(monitored=False, timeout=TIMEOUT)
+    assert failure["rank"] == 0 and "Timed out" in failure["error"]
+    assert "Rank 1" not in failure["error"]
+    assert failure["headlines"][1] is None  # rank 1 was stuck, then stopped by the launcher
+
+
+def test_monitored_barrier_names_the_missing_rank():
+    failure = lessons.missing_rank(monitored=True, timeout=TIMEOUT)
+    assert failure["rank"] == 0
+    assert "Rank 1 failed to pass monitoredBarrier" in failure["error"]
+    assert [r["arrived"] for r in failure["reports"][1]] == [False]
+
+
+# -- Helpers without a launch ------------------------------------------------------------
+def test_unused_indices_and_headline_parse_torch_messages():
+    msg = "...\nParameter indices which did not receive grad for rank 1: 4 5\n In addition, ..."
+    assert lessons.unused_indices(msg) == [4, 5]
+    assert lessons.unused_indices("no indices here") == []
+    lines = ["Traceback (most recent call last):", "  File x", "RuntimeError: boom", " Original exception: "]
+    assert lessons.headline(lines) == "RuntimeError: boom"
+    assert lessons.headline(["  what():  [enforce fail at pair.cc] size"]).startswith("what():")
+    assert lessons.headline(["all fine"]) is None
+
+
+def test_script_names_and_diffs_refuse_bad_input():
+    with pytest.raises(ValueError):
+        lessons.script("no_such_pitfall")
+    with pytest.raises(ValueError):
+        lessons.max_abs_diff([1.0], [1.0, 2.0])
+    assert lessons.max_abs_diff([1.0, -2.0], [1.5, -2.0]) == 0.5
+
+
+def test_expect_failure_complains_when_the_launch_succeeds():
+    with pytest.raises(RuntimeError, match="finished without failing"):
+        lessons.expect_failure("evaluation", 1, ["--sizes", 3], timeout=TIMEOUT)
+
+
+def test_recap_has_every_pitfall_with_measured_numbers(bn, unused, ckpt, evaluation, seeding, lr, clipping):
+    hang = {"mismatch": {"aborted": [0]}, "monitored": {"error": "RuntimeError: [Rank 0]: Rank 1 failed"}}
+    rows = lessons.recap(bn, unused, ckpt, evaluation[1], seeding, lr, clipping, hang)
+    assert [r["pitfall"][0] for r in rows] == [str(i) for i in range(1, 9)]
+    assert all(r["symptom"] and r["fix"] for r in rows)
+    text = lessons.format_recap(rows)
+    assert f"{lr['final_ratio']['kept']:.2f}" in text and "Rank 1 failed" in text
+
+
+def test_plots_label_their_axes(bn, unused, evaluation, lr, clipping):
+    for ax in (plots.plot_batchnorm_stats(bn), plots.plot_unused_cost(unused), plots.plot_eval_error(evaluation),
+               plots.plot_lr_curves(lr), plots.plot_clipping_drift(clipping)):
+        assert ax.get_xlabel() and ax.get_ylabel() and ax.get_title() and ax.get_legend() is not None
+    ax = plots.plot_clipping_drift(clipping)
+    assert ax.get_yscale() == "log" and all(math.isfinite(y) for y in ax.get_lines()[0].get_ydata())
+    matplotlib.pyplot.close("all")
