@@ -29,6 +29,23 @@ def all_reduce_ranks() -> float:
     return x.item()
 
 
+def rejoin(rank: int) -> None:
+    """Join a new group after ``destroy_process_group``.
+
+    Under torchrun (and ``launch``) the rendezvous store is hosted outside the
+    ranks and outlives the group, with the old group's addresses still in it:
+    a new group on the same keys could read them and fail to connect. A fresh
+    key prefix gives the new group a clean slate. When rank 0 hosted the store
+    itself (plain env://), the store died with the group and env:// starts a new one.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group("gloo")
+        return
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    dist.init_process_group("gloo", store=dist.PrefixStore("rejoin", store),
+                            rank=rank, world_size=int(os.environ["WORLD_SIZE"]))
+
+
 def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -44,7 +61,7 @@ def main() -> None:
         # rank cannot meet the old rendezvous store of a slow one.
         dist.barrier()
         dist.destroy_process_group()
-        dist.init_process_group("gloo")
+        rejoin(rank)
         report({"first_all_reduce": first_sum, "second_init_error": error,
                 "initialized_after_reinit": dist.is_initialized(),
                 "reinit_all_reduce": all_reduce_ranks()})
