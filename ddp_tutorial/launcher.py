@@ -605,8 +605,8 @@ class _WorkerGroup:
 
 def _has_exited(p: subprocess.Popen) -> bool:
     """Whether ``p`` has exited, without reaping it (where the OS allows)."""
-    if not hasattr(os, "waitid"):
-        return p.poll() is not None  # reaps: the group sweep after it is best effort
+    if not hasattr(os, "waitid"):  # e.g. macOS: this reaps, so no group sweep follows
+        return p.poll() is not None
     try:
         return os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:  # reaped elsewhere already

@@ -5,7 +5,8 @@ launch it (or, for the ones that must fail, catch the failure and return it)
 and turn the ranks' reports into the numbers the notebook prints, plots and
 asserts. No torch is imported here.
 
-    bn = batchnorm_summary(run_pitfall("batchnorm"))      # 1. BatchNorm statistics per rank
+    lab = run_lab()                                       # pitfalls 1-3 and 5-7 on one set of 2 ranks
+    bn = batchnorm_summary(lab)                           # 1. BatchNorm statistics per rank
     print(format_batchnorm(bn))
     mismatch = shape_mismatch(debug=True)                 # 8. a failure, caught and described
 """
@@ -19,7 +20,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from ddp_tutorial.launcher import LaunchError, launch, scripts_path
-from ddp_tutorial.lessons_init_wrap import rank_results, script_source
+from ddp_tutorial.lessons_init_wrap import script_source
 from ddp_tutorial.metrics import Run
 
 PITFALLS = ("batchnorm", "unused", "checkpoint", "evaluation", "seeding", "lr", "clipping", "hang")
@@ -54,6 +55,23 @@ def run_pitfall(name: str, world_size: int = 2, args: Sequence = (), timeout: fl
                   **launch_kwargs)
 
 
+#: The pitfalls that run on 2 ranks and finish: one launch runs them all (``run_lab``).
+LAB = ("batchnorm", "unused", "checkpoint", "seeding", "lr", "clipping")
+
+
+def run_lab(pitfalls: Sequence[str] = LAB, world_size: int = 2, timeout: float = 180.0, **launch_kwargs) -> Run:
+    """Launch ``pitfall_lab.py``: the scripts of ``pitfalls`` one after another on the same ranks.
+
+    Every script reports as it does alone, so each summary below reads this
+    run as it would read the script's own. One start of the ranks instead of one per pitfall.
+    """
+    unknown = [p for p in pitfalls if p not in PITFALLS]
+    if unknown:
+        raise ValueError(f"no pitfall(s) {unknown}; one of {', '.join(PITFALLS)}")
+    return launch(scripts_path("pitfall_lab.py"), world_size, list(pitfalls), timeout=timeout, echo="none",
+                  **launch_kwargs)
+
+
 def expect_failure(name: str, world_size: int = 2, args: Sequence = (), timeout: float = 120.0,
                    env: Optional[Dict[str, str]] = None) -> LaunchError:
     """Launch a run that must fail; return the ``LaunchError`` (with ``seconds``: how long it took).
@@ -70,17 +88,23 @@ def expect_failure(name: str, world_size: int = 2, args: Sequence = (), timeout:
     raise RuntimeError(f"pitfall_{name}.py {' '.join(map(str, args))} finished without failing")
 
 
-def part(run: Run, name: str, rank: int = 0) -> dict:
-    """The last record of ``part`` = ``name`` that ``rank`` reported (KeyError if none)."""
-    records = rank_results(run, name)[rank]
-    if not records:
-        raise KeyError(f"rank {rank} reported no part {name!r} in {run.run_dir}")
-    return records[-1]
+def records(run: Run, pitfall: str, name: str, rank: int) -> List[dict]:
+    """What ``rank`` reported for part ``name`` of ``pitfall``, in order."""
+    return [rec for rec in run.results(rank) if rec.get("pitfall") == pitfall and rec.get("part") == name]
 
 
-def per_rank(run: Run, name: str) -> Dict[int, dict]:
-    """Rank -> its last record of part ``name``, for the ranks that reported one."""
-    return {rank: recs[-1] for rank, recs in rank_results(run, name).items() if recs}
+def part(run: Run, pitfall: str, name: str, rank: int = 0) -> dict:
+    """The last record of part ``name`` of ``pitfall`` that ``rank`` reported (KeyError if none)."""
+    found = records(run, pitfall, name, rank)
+    if not found:
+        raise KeyError(f"rank {rank} reported no part {name!r} of {pitfall!r} in {run.run_dir}")
+    return found[-1]
+
+
+def per_rank(run: Run, pitfall: str, name: str) -> Dict[int, dict]:
+    """Rank -> its last record of part ``name`` of ``pitfall``, for the ranks that reported one."""
+    found = {rank: records(run, pitfall, name, rank) for rank in range(run.world_size)}
+    return {rank: recs[-1] for rank, recs in found.items() if recs}
 
 
 def max_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:
@@ -113,7 +137,7 @@ def batchnorm_summary(run: Run) -> dict:
     buffers on every rank); ``rank0_vs_own_ema`` (rank 0's running mean against
     the running mean of its own batches alone). A refused variant has ``errors``.
     """
-    env, ref = part(run, "env"), part(run, "reference")
+    env, ref = part(run, "batchnorm", "env"), part(run, "batchnorm", "reference")
     out = {"world_size": run.world_size, "torch": env["torch"], "cuda_devices": env["cuda_devices"],
            "device": env["device"], "keyword": env["buffer_sync_keyword"],
            "reference": {"running_mean": ref["running_mean"], "running_var": ref["running_var"]}}
@@ -122,7 +146,7 @@ def batchnorm_summary(run: Run) -> dict:
         return rec["running_mean"] + rec["running_var"]
 
     for name in BATCHNORM_VARIANTS:
-        recs = per_rank(run, name)
+        recs = per_rank(run, "batchnorm", name)
         if "errors" in recs[0]:
             out[name] = {"errors": recs[0]["errors"]}
             continue
@@ -189,7 +213,7 @@ def paired_cost(run: Run, variant: str, clock: str = "cpu_s", baseline: str = "n
         median), ``slower_fraction`` (share of steps where the variant took longer), ``steps``.
     """
     diffs, base = [], []
-    for rec in per_rank(run, "cost").values():
+    for rec in per_rank(run, "unused", "cost").values():
         diffs += [v - b for v, b in zip(rec[clock][variant], rec[clock][baseline])]
         base += rec[clock][baseline]
     median = statistics.median(diffs)
@@ -199,20 +223,20 @@ def paired_cost(run: Run, variant: str, clock: str = "cpu_s", baseline: str = "n
 
 def unused_summary(run: Run) -> dict:
     """The error, both fixes, and what each wrapping costs per step."""
-    err = part(run, "error")
+    err = part(run, "unused", "error")
     names = err["param_names"]
     fixes = {}
     for name in ("find_unused", "static_graph"):
-        recs = per_rank(run, name)
+        recs = per_rank(run, "unused", name)
         fixes[name] = {"schedule": recs[0]["schedule"], "without_grad": recs[0]["without_grad"],
                        "ranks_agree": _agree(recs, "digest"), "max_diff_reference": recs[0]["max_diff_reference"]}
-    cost = per_rank(run, "cost")
+    cost = per_rank(run, "unused", "cost")
     variants = list(cost[0]["cpu_s"])
     return {
         "error_step": err["step"], "error_first_line": err["first_line"], "error_message": err["message"],
         "unused_params": [names[i] for i in unused_indices(err["message"])], "param_names": names,
         **fixes,
-        "static_graph_error": part(run, "static_graph_error")["first_line"],
+        "static_graph_error": part(run, "unused", "static_graph_error")["first_line"],
         "cost": {"layers": cost[0]["layers"],
                  "cpu": {v: timing_stats([t for rec in cost.values() for t in rec["cpu_s"][v]]) for v in variants},
                  "wall": {v: timing_stats([t for rec in cost.values() for t in rec["wall_s"][v]]) for v in variants},
@@ -260,7 +284,8 @@ def format_unused_cost(summary: dict) -> str:
 # -- 3. Saving and loading ---------------------------------------------------------
 def checkpoint_summary(run: Run) -> dict:
     """The ``module.`` error, the rescue, and the right save/load on every rank."""
-    wrong, rescue, right = part(run, "wrong"), part(run, "rescue"), per_rank(run, "right")
+    wrong, rescue = part(run, "checkpoint", "wrong"), part(run, "checkpoint", "rescue")
+    right = per_rank(run, "checkpoint", "right")
     return {"saved_keys": wrong["keys"], "error": wrong["error"], "message": wrong.get("message", ""),
             "missing": wrong.get("missing"), "unexpected": wrong.get("unexpected"),
             "rescued_keys": rescue["keys"], "rescue_identical": rescue["identical"],
@@ -291,8 +316,8 @@ def evaluation_rows(run: Run) -> List[dict]:
     Accuracies are fractions; ``*_counts`` are [correct, samples counted].
     """
     per_size: Dict[int, Dict[int, dict]] = {}
-    for rank, recs in rank_results(run, "eval").items():
-        for rec in recs:
+    for rank in range(run.world_size):
+        for rec in records(run, "evaluation", "eval", rank):
             per_size.setdefault(rec["size"], {})[rank] = rec
     rows = []
     for size, recs in sorted(per_size.items()):
@@ -358,7 +383,7 @@ def _masks(dropout: Dict[int, dict], key: str) -> dict:
 
 def seeding_summary(run: Run) -> dict:
     """Init digests, sampler coverage and dropout masks, with one seed and with per-rank seeds."""
-    init, sampler, dropout = per_rank(run, "init"), per_rank(run, "sampler"), per_rank(run, "dropout")
+    init, sampler, dropout = (per_rank(run, "seeding", name) for name in ("init", "sampler", "dropout"))
     size = sampler[0]["dataset_size"]
     return {
         "world_size": run.world_size, "dataset_size": size,
@@ -384,7 +409,7 @@ def format_seeding(summary: dict) -> str:
 # -- 6. Learning rate and global batch --------------------------------------------
 def lr_summary(run: Run) -> dict:
     """Loss curves (loss on the whole set against samples seen) and their final ratios to W = 1."""
-    c = part(run, "curves")
+    c = part(run, "lr", "curves")
     curves = {k: c[k] for k in ("single", "kept", "scaled")}
     return {"world_size": c["world_size"], "batch_size": c["batch_size"],
             "global_batch": c["world_size"] * c["batch_size"], "lr": c["lr"], "scaled_lr": c["scaled_lr"],
@@ -411,11 +436,11 @@ def clipping_summary(run: Run) -> dict:
     """Per variant: distance from one process after each step, ranks agreeing, the norms clipped."""
     out = {}
     for name in ("right", "wrong"):
-        recs = per_rank(run, name)
+        recs = per_rank(run, "clipping", name)
         out[name] = {"max_diff": recs[0]["max_diff"], "ranks_agree": _agree(recs, "digest"),
                      "norms": {r: rec["norms"] for r, rec in recs.items()}}
-    out["reference_norms"] = part(run, "right")["reference_norms"]
-    out["max_norm"] = part(run, "right")["max_norm"]
+    right = part(run, "clipping", "right")
+    out["reference_norms"], out["max_norm"] = right["reference_norms"], right["max_norm"]
     return out
 
 

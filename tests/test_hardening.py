@@ -522,6 +522,37 @@ def test_a_rank_that_ignores_sigterm_is_killed_after_grace(runs_root):
     assert not processes_of_run(info.value.run.run_dir) and not child_processes()
 
 
+def test_waits_end_at_their_deadlines_even_for_a_rank_that_never_dies(monkeypatch):
+    """A rank the kernel cannot reap (stuck in uninterruptible I/O), played by hiding its exit."""
+    group = launcher._WorkerGroup([sys.executable, "-c", "import time; time.sleep(60)"],
+                                  [dict(os.environ)], "none")
+    try:
+        monkeypatch.setattr(launcher, "_has_exited", lambda p: False)
+        monkeypatch.setattr(launcher, "KILL_WAIT_S", 0.5)
+        t0 = time.monotonic()
+        group.stop(grace=0.2)  # SIGTERM, 0.2 s, SIGKILL, 0.5 s: then it gives up
+        assert time.monotonic() - t0 < 5 and group.exit_codes == {0: None}
+    finally:
+        monkeypatch.undo()
+        group.stop(grace=0)
+        group.close()
+    assert group.exit_codes[0] == -signal.SIGTERM  # it died at the first signal: only its exit was hidden
+
+
+def test_output_held_open_by_an_escaped_grandchild_is_not_waited_for_forever(runs_root):
+    fds = open_fds()
+    t0 = time.monotonic()
+    run = launch(str(SCRIPTS / "escaped_child.py"), 1, echo="none", timeout=60)
+    elapsed = time.monotonic() - t0
+    child = int(run.output[0][0].split()[1])
+    try:
+        assert run.exit_codes == {0: 0}
+        assert elapsed < launcher.DRAIN_S + 10  # the drain gave up after DRAIN_S
+    finally:
+        os.kill(child, signal.SIGKILL)
+    assert open_fds() == fds  # the pipe's read end is closed all the same
+
+
 @pytest.mark.parametrize("ephemeral, allowed", [
     ((32768, 60999), range(20000, 32768)),  # Linux's default: below the range
     ((15000, 60999), range(61000, 65536)),  # range starts low: above it

@@ -1,7 +1,8 @@
 """The pitfalls lab (notebook 08): each pitfall's wrong result and its fix, through real launches.
 
-One launch per worker script is shared by the tests of that script (module-scoped
-fixtures). The failing launches of pitfall 8 run in their own tests.
+As in the notebook, one launch of ``pitfall_lab.py`` runs pitfalls 1-3 and 5-7 and is shared
+by their tests (module-scoped fixtures); pitfall 4 has its own launch, and the failing
+launches of pitfall 8 run in their own tests.
 """
 
 import math
@@ -23,18 +24,24 @@ def launch_once(tmp_path_factory, name, world_size=2, args=()):
 
 
 @pytest.fixture(scope="module")
-def bn(tmp_path_factory):
-    return lessons.batchnorm_summary(launch_once(tmp_path_factory, "batchnorm", args=["--steps", "4"]))
+def lab(tmp_path_factory):
+    """Pitfalls 1-3 and 5-7 in one launch of pitfall_lab.py, as notebook 08 runs them."""
+    return lessons.run_lab(lessons.LAB, timeout=TIMEOUT, run_dir=tmp_path_factory.mktemp("lab"))
 
 
 @pytest.fixture(scope="module")
-def unused(tmp_path_factory):
-    return lessons.unused_summary(launch_once(tmp_path_factory, "unused"))
+def bn(lab):
+    return lessons.batchnorm_summary(lab)
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return lessons.checkpoint_summary(launch_once(tmp_path_factory, "checkpoint"))
+def unused(lab):
+    return lessons.unused_summary(lab)
+
+
+@pytest.fixture(scope="module")
+def ckpt(lab):
+    return lessons.checkpoint_summary(lab)
 
 
 @pytest.fixture(scope="module")
@@ -43,18 +50,18 @@ def evaluation(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def seeding(tmp_path_factory):
-    return lessons.seeding_summary(launch_once(tmp_path_factory, "seeding"))
+def seeding(lab):
+    return lessons.seeding_summary(lab)
 
 
 @pytest.fixture(scope="module")
-def lr(tmp_path_factory):
-    return lessons.lr_summary(launch_once(tmp_path_factory, "lr"))
+def lr(lab):
+    return lessons.lr_summary(lab)
 
 
 @pytest.fixture(scope="module")
-def clipping(tmp_path_factory):
-    return lessons.clipping_summary(launch_once(tmp_path_factory, "clipping", args=["--steps", "3"]))
+def clipping(lab):
+    return lessons.clipping_summary(lab)
 
 
 # -- 1. BatchNorm ------------------------------------------------------------------
@@ -162,7 +169,7 @@ def test_kept_lr_trains_slower_and_linear_scaling_with_warmup_catches_up(lr):
 
 # -- 7. Clipping ----------------------------------------------------------------------
 def test_clipping_inside_no_sync_drifts_and_clipping_once_matches(clipping):
-    assert len(clipping["right"]["max_diff"]) == 3
+    assert len(clipping["right"]["max_diff"]) == 4
     assert max(clipping["right"]["max_diff"]) < 1e-6
     assert min(clipping["wrong"]["max_diff"]) > 1e-3
     assert clipping["right"]["ranks_agree"] and clipping["wrong"]["ranks_agree"]
@@ -201,6 +208,19 @@ def test_monitored_barrier_names_the_missing_rank():
     assert failure["rank"] == 0
     assert "Rank 1 failed to pass monitoredBarrier" in failure["error"]
     assert [r["arrived"] for r in failure["reports"][1]] == [False]
+
+
+# -- The lab runner -----------------------------------------------------------------------
+def test_a_script_alone_reports_what_it_reports_in_the_lab(tmp_path_factory, ckpt, seeding):
+    alone = launch_once(tmp_path_factory, "checkpoint")
+    assert lessons.checkpoint_summary(alone) == ckpt
+    with pytest.raises(KeyError):  # each run holds only the pitfalls it ran
+        lessons.seeding_summary(alone)
+
+
+def test_lab_refuses_unknown_pitfalls():
+    with pytest.raises(ValueError, match="no_such"):
+        lessons.run_lab(["batchnorm", "no_such"])
 
 
 # -- Helpers without a launch ------------------------------------------------------------

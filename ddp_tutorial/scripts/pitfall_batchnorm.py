@@ -42,8 +42,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 if __package__ in (None, ""):  # run as a file path: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from ddp_tutorial.metrics import report  # noqa: E402
-from ddp_tutorial.scripts.pitfall_common import first_line, flags, regression_batch, run, shard  # noqa: E402
+from ddp_tutorial.scripts.pitfall_common import (  # noqa: E402
+    first_line, flags, regression_batch, reporter, run, shard)
+
+report = reporter("batchnorm")
 
 D_IN, CHANNELS = 6, 4
 

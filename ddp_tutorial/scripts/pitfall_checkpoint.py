@@ -30,8 +30,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 if __package__ in (None, ""):  # run as a file path: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from ddp_tutorial.metrics import report  # noqa: E402
-from ddp_tutorial.scripts.pitfall_common import digest, first_line, flags, regression_batch, run, shard  # noqa: E402
+from ddp_tutorial.scripts.pitfall_common import (  # noqa: E402
+    digest, first_line, flags, regression_batch, reporter, run, shard)
+
+report = reporter("checkpoint")
 
 D_IN = 8
 
@@ -66,6 +68,10 @@ def saved_locations(path: str):
 
     torch.load(path, map_location=remember, weights_only=True)
     return sorted(seen)
+
+
+def parser():
+    return flags(__doc__, steps=3)
 
 
 def body(args, rank: int, world_size: int) -> None:
@@ -106,4 +112,4 @@ def body(args, rank: int, world_size: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run(body, flags(__doc__, steps=3)))
+    sys.exit(run(body, parser()))

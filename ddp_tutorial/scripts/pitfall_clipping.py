@@ -32,8 +32,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 if __package__ in (None, ""):  # run as a file path: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from ddp_tutorial.metrics import report  # noqa: E402
-from ddp_tutorial.scripts.pitfall_common import digest, flags, max_diff, regression_batch, run, shard  # noqa: E402
+from ddp_tutorial.scripts.pitfall_common import (  # noqa: E402
+    digest, flags, max_diff, regression_batch, reporter, run, shard)
+
+report = reporter("clipping")
 
 D_IN = 8
 
@@ -78,6 +80,10 @@ def reference_step(model: nn.Module, opt, args, step: int, world_size: int) -> f
     return norm
 
 
+def parser():
+    return flags(__doc__, steps=4, accum_steps=4, batch_size=4, max_norm=0.1, lr=0.5)
+
+
 def body(args, rank: int, world_size: int) -> None:
     variants = {"right": False, "wrong": True}
     models = {k: DDP(make_model(args.seed)) for k in variants}
@@ -100,4 +106,4 @@ def body(args, rank: int, world_size: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run(body, flags(__doc__, steps=4, accum_steps=4, batch_size=4, max_norm=0.1, lr=0.5)))
+    sys.exit(run(body, parser()))

@@ -2,15 +2,19 @@
 
 Every pitfall script is a plain worker: it reads RANK and WORLD_SIZE from the
 environment (``launch`` or torchrun set them), joins a gloo group, runs its
-parts, hands each part's measurements back with ``metrics.report`` under a
-``part`` key, and leaves the group::
+parts, hands each part's measurements back with ``metrics.report`` under its
+``pitfall`` name and a ``part`` key, and leaves the group::
+
+    report = reporter("name")
 
     def body(args, rank, world_size):
         ...
         report({"part": "fix", ...})
 
     if __name__ == "__main__":
-        sys.exit(run(body, parser))
+        sys.exit(run(body, parser()))
+
+``pitfall_lab.py`` runs the ``body`` of several scripts in one process group.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ import argparse
 import datetime
 import hashlib
 import os
-from typing import Callable, Dict, Iterable, List
+from typing import Callable, Iterable
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
+
+from ddp_tutorial import metrics
 
 
 def run(body: Callable, parser: argparse.ArgumentParser, backend: str = "gloo") -> int:
@@ -51,6 +56,14 @@ def run(body: Callable, parser: argparse.ArgumentParser, backend: str = "gloo") 
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def reporter(pitfall: str) -> Callable[[dict], None]:
+    """``metrics.report`` for one pitfall's script: every record also names the pitfall."""
+    def report(record: dict) -> None:
+        metrics.report({"pitfall": pitfall, **record})
+
+    return report
 
 
 def flags(doc: str, **defaults) -> argparse.ArgumentParser:
@@ -101,18 +114,6 @@ def max_diff(a: Iterable[torch.Tensor], b: Iterable[torch.Tensor]) -> float:
     """Largest absolute difference between matching tensors of two sequences."""
     return max(float((x.detach().cpu().double() - y.detach().cpu().double()).abs().max())
                for x, y in zip(a, b))
-
-
-def gather(obj) -> List:
-    """``obj`` from every rank, in rank order, on every rank."""
-    out: List = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def state(module: nn.Module) -> Dict[str, torch.Tensor]:
-    """Parameters and buffers, detached copies on the CPU."""
-    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
 
 
 def first_line(err: BaseException) -> str:

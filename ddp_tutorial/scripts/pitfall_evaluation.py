@@ -32,8 +32,9 @@ from torch.utils.data.distributed import DistributedSampler
 if __package__ in (None, ""):  # run as a file path: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from ddp_tutorial.metrics import report  # noqa: E402
-from ddp_tutorial.scripts.pitfall_common import flags, generator, run  # noqa: E402
+from ddp_tutorial.scripts.pitfall_common import flags, generator, reporter, run  # noqa: E402
+
+report = reporter("evaluation")
 
 D_IN, CLASSES = 8, 3
 

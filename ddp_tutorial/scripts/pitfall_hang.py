@@ -36,8 +36,9 @@ import torch.distributed as dist
 if __package__ in (None, ""):  # run as a file path: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from ddp_tutorial.metrics import report  # noqa: E402
-from ddp_tutorial.scripts.pitfall_common import flags, run  # noqa: E402
+from ddp_tutorial.scripts.pitfall_common import flags, reporter, run  # noqa: E402
+
+report = reporter("hang")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -31,8 +31,9 @@ from torch.utils.data.distributed import DistributedSampler
 if __package__ in (None, ""):  # run as a file path: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from ddp_tutorial.metrics import report  # noqa: E402
-from ddp_tutorial.scripts.pitfall_common import flags, regression_batch, run  # noqa: E402
+from ddp_tutorial.scripts.pitfall_common import flags, regression_batch, reporter, run  # noqa: E402
+
+report = reporter("lr")
 
 D_IN = 8
 
@@ -60,6 +61,10 @@ def sgd_step(model, opt, lr: float, x, y) -> None:
     opt.zero_grad()
     nn.functional.mse_loss(model(x), y).backward()
     opt.step()
+
+
+def parser():
+    return flags(__doc__, lr=0.1, batch_size=8, dataset_size=512, epochs=3, warmup_steps=8)
 
 
 def body(args, rank: int, world_size: int) -> None:
@@ -98,4 +103,4 @@ def body(args, rank: int, world_size: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run(body, flags(__doc__, lr=0.1, batch_size=8, dataset_size=512, epochs=3, warmup_steps=8)))
+    sys.exit(run(body, parser()))

@@ -27,8 +27,9 @@ from torch.utils.data.distributed import DistributedSampler
 if __package__ in (None, ""):  # run as a file path: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from ddp_tutorial.metrics import report  # noqa: E402
-from ddp_tutorial.scripts.pitfall_common import digest, flags, run  # noqa: E402
+from ddp_tutorial.scripts.pitfall_common import digest, flags, reporter, run  # noqa: E402
+
+report = reporter("seeding")
 
 D_IN = 32  # 2**32 possible masks per sample: two equal masks are no accident
 
@@ -61,6 +62,10 @@ def dropout_masks(model: DDP, steps: int, batch_size: int):
     return masks
 
 
+def parser():
+    return flags(__doc__, dataset_size=16, batch_size=4, steps=3)
+
+
 def body(args, rank: int, world_size: int) -> None:
     torch.manual_seed(args.seed)
     same = digest(make_model().parameters())
@@ -79,4 +84,4 @@ def body(args, rank: int, world_size: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run(body, flags(__doc__, dataset_size=16, batch_size=4, steps=3)))
+    sys.exit(run(body, parser()))

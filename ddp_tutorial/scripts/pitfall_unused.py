@@ -36,9 +36,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 if __package__ in (None, ""):  # run as a file path: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from ddp_tutorial.metrics import report  # noqa: E402
 from ddp_tutorial.scripts.pitfall_common import (  # noqa: E402
-    flags, digest, first_line, max_diff, regression_batch, run, shard)
+    digest, first_line, flags, max_diff, regression_batch, reporter, run, shard)
+
+report = reporter("unused")
 
 D_IN, HIDDEN = 8, 16
 
@@ -135,6 +136,10 @@ def cost_part(args, rank: int) -> None:
     report({"part": "cost", "layers": args.cost_layers, "wall_s": wall, "cpu_s": cpu})
 
 
+def parser():
+    return flags(__doc__, steps=6, batch_size=8, lr=0.1, cost_steps=60, cost_layers=32)
+
+
 def body(args, rank: int, world_size: int) -> None:
     error_part("error", {}, args, rank, world_size)
     trained_part("find_unused", {"find_unused_parameters": True}, "alternate", args, rank, world_size)
@@ -144,4 +149,4 @@ def body(args, rank: int, world_size: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run(body, flags(__doc__, steps=6, batch_size=8, lr=0.1, cost_steps=60, cost_layers=32)))
+    sys.exit(run(body, parser()))
