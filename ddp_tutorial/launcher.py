@@ -171,6 +171,9 @@ def _listen_socket() -> socket.socket:
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
+        # As TCPStore's own server does: the connections it leaves in TIME_WAIT then
+        # do not keep the next server off the port once this run is over.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((LOOPBACK, 0))
         sock.listen(socket.SOMAXCONN)
     except BaseException:

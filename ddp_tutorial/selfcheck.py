@@ -22,8 +22,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence
 
-#: A Python loop that keeps one core at 100 % until it is killed.
-SPIN = "while True: pass"
+#: A Python loop that keeps one core at 100 % until it is killed (it says so first).
+SPIN = "print('spinning', flush=True)\nwhile True: pass"
 
 
 @contextlib.contextmanager
@@ -32,12 +32,14 @@ def busy_core(enabled: bool = True) -> Iterator[Optional[int]]:
     if not enabled:
         yield None
         return
-    proc = subprocess.Popen([sys.executable, "-c", SPIN], stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-c", SPIN], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
     try:
+        proc.stdout.readline()  # it spins from here on
         yield proc.pid
     finally:
         proc.kill()
         proc.wait(timeout=10)
+        proc.stdout.close()
 
 
 def notebook_round(notebooks: Sequence[Path], timeout: float = 900.0) -> Dict[str, Dict]:

@@ -30,7 +30,9 @@ def test_notebook_rounds_count_passes_per_notebook(tmp_path):
 def test_busy_core_spins_and_stops():
     with selfcheck.busy_core() as pid:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            assert selfcheck.SPIN.encode() in f.read()
+            assert b"while True: pass" in f.read()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            assert f.read().rsplit(b")", 1)[1].split()[0] == b"R", "running, not waiting"
     with pytest.raises(FileNotFoundError):
         open(f"/proc/{pid}/cmdline", "rb").close()
 
