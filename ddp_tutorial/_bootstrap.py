@@ -9,10 +9,12 @@ exits at once (see ``main``): close your own files before the script ends.
 
 Rank 0 also hosts the rendezvous store (DDP_TUTORIAL_STORE): on the listening
 socket ``launch`` bound on 127.0.0.1 and passed down (``fd:N``), or on
-MASTER_ADDR:MASTER_PORT, bound here (``bind``, for a fixed ``master_port``).
-The store starts as soon as the script has imported torch, so a script that
-never imports it pays nothing; every rank's env:// joins it as a client
-(TORCHELASTIC_USE_AGENT_STORE=True), so no store listens on other interfaces.
+MASTER_ADDR:MASTER_PORT, bound here (``bind``, for a fixed ``master_port``);
+the other ranks get ``join``. The store starts as soon as the script has
+imported torch, so a script that never imports it pays nothing; every rank's
+env:// joins it as a client (TORCHELASTIC_USE_AGENT_STORE=True), so no store
+listens on other interfaces. As that store outlives any one process group,
+each rendezvous of a worker gets keys of its own (``fresh_key_space_per_rendezvous``).
 """
 
 import atexit
@@ -64,6 +66,31 @@ def store_socket(spec: str):
     return fd, port
 
 
+def fresh_key_space_per_rendezvous() -> None:
+    """Give each env:// (or tcp://) rendezvous of this process keys of its own in the run's store.
+
+    The store lives as long as rank 0, not as long as one process group: a group
+    made again after ``destroy_process_group`` would otherwise read the old
+    group's addresses (gloo then waits for peers at closed ports). Every rank
+    makes its rendezvous in the same order, so the n-th of each rank share a prefix.
+    """
+    import importlib
+    import itertools
+
+    from torch.distributed import PrefixStore
+
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")
+    create = getattr(rendezvous, "_create_c10d_store", None)
+    if create is None:  # a torch without it: its own behaviour stays
+        return
+    count = itertools.count()
+
+    def create_fresh(*args, **kwargs):
+        return PrefixStore(f"ddp_tutorial/rendezvous{next(count)}", create(*args, **kwargs))
+
+    rendezvous._create_c10d_store = create_fresh
+
+
 def host_store(fd: int, port: int) -> None:
     """Host the rendezvous store on the listening socket ``fd`` for the rest of this process."""
     import datetime
@@ -102,16 +129,25 @@ class _AfterTorchImport:
 
 
 def prepare_store() -> None:
-    """On rank 0 under ``launch``: take the store's socket now, host the store once torch is in."""
+    """Under ``launch``: rank 0 takes the store's socket now; once torch is in, it hosts the
+    store, and every rank's rendezvous gets keys of its own."""
     spec = os.environ.pop("DDP_TUTORIAL_STORE", None)  # the script's children must not see it
     if not spec:
         return
-    try:
-        fd, port = store_socket(spec)
-    except OSError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        os._exit(1)
-    sys.meta_path.insert(0, _AfterTorchImport(lambda: host_store(fd, port)))
+    socket_and_port = None
+    if spec != "join":
+        try:
+            socket_and_port = store_socket(spec)
+        except OSError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            os._exit(1)
+
+    def when_torch_is_in():
+        if socket_and_port:
+            host_store(*socket_and_port)
+        fresh_key_space_per_rendezvous()
+
+    sys.meta_path.insert(0, _AfterTorchImport(when_torch_is_in))
 
 
 def main() -> None:

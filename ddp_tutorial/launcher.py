@@ -122,14 +122,9 @@ def free_port(host: str = LOOPBACK) -> int:
     Ports the OS hands out for outgoing connections (gloo opens many) come from
     the ephemeral range; a listening port picked from there could be taken by
     one of them first. ``launch`` needs none of this: it binds its store's
-    socket itself and hands it to rank 0, so nothing can take the port between.
+    socket itself (``_listen_socket``) and hands it to rank 0.
     """
-    rng = random.SystemRandom()  # concurrent launches must not share a sequence
-    ranges = _listener_ranges(*_ephemeral_range())
-    sizes = [high - low for low, high in ranges]
-    for _ in range(100 if ranges else 0):
-        low, high = rng.choices(ranges, weights=sizes)[0]
-        port = rng.randrange(low, high)
+    for port in _candidate_ports():
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind((host, port))
@@ -139,6 +134,16 @@ def free_port(host: str = LOOPBACK) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # crowded: let the OS pick
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _candidate_ports(tries: int = 100):
+    """Up to ``tries`` random ports outside the ephemeral range (none if there is no room)."""
+    rng = random.SystemRandom()  # concurrent launches must not share a sequence
+    ranges = _listener_ranges(*_ephemeral_range())
+    sizes = [high - low for low, high in ranges]
+    for _ in range(tries if ranges else 0):
+        low, high = rng.choices(ranges, weights=sizes)[0]
+        yield rng.randrange(low, high)
 
 
 def _listener_ranges(low: int, high: int, floor: int = 20000, min_size: int = 1000):
@@ -163,23 +168,26 @@ def _ephemeral_range():
 
 
 def _listen_socket() -> socket.socket:
-    """A TCP socket bound to a free port on 127.0.0.1 and listening: the store's, for rank 0.
+    """A TCP socket listening on 127.0.0.1 at a free port: the store's, for rank 0.
 
     Bound before any rank starts, so no other program can take the port in
     between, and ranks that connect before rank 0 hosts the store wait in the
-    backlog instead of being refused and backing off.
+    backlog instead of being refused and backing off. The port is outside the
+    ephemeral range, and SO_REUSEADDR is set as TCPStore sets it, so once the
+    run ends the port can be listened on again (no outgoing connection takes it,
+    and the store's closed connections in TIME_WAIT do not block it).
     """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        # As TCPStore's own server does: the connections it leaves in TIME_WAIT then
-        # do not keep the next server off the port once this run is over.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((LOOPBACK, 0))
-        sock.listen(socket.SOMAXCONN)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    for port in [*_candidate_ports(), 0]:  # 0: the OS picks, if the range leaves no room
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((LOOPBACK, port))
+            sock.listen(socket.SOMAXCONN)
+            return sock
+        except OSError:
+            sock.close()
+            if port == 0:  # the last try: nothing was free
+                raise
 
 
 def loopback_interface() -> Optional[str]:
@@ -429,13 +437,14 @@ def _claim_run_dir(run_dir, target: List[str], name: str, info: Dict[str, object
 
 
 def _worker_env(rank: int, world_size: int, port: int, run_dir: Path, backend: str,
-                attempt: int, max_restarts: int, store: Optional[str],
+                attempt: int, max_restarts: int, store: str,
                 extra: Dict[str, str]) -> Dict[str, str]:
     """One rank's environment: torchrun's contract, loopback-only networking, then ``extra``.
 
     Args:
         store: for rank 0, how its bootstrap hosts the store: ``"fd:N"`` (the
-            socket ``launch`` bound) or ``"bind"`` (bind MASTER_PORT itself); else None.
+            socket ``launch`` bound) or ``"bind"`` (bind MASTER_PORT itself);
+            ``"join"`` for the other ranks.
     """
     env = dict(os.environ)
     env.pop("DDP_TUTORIAL_STORE", None)
@@ -458,8 +467,7 @@ def _worker_env(rank: int, world_size: int, port: int, run_dir: Path, backend: s
     lo = loopback_interface()
     if lo:  # gloo's and nccl's own listening sockets: loopback, whatever the host name resolves to
         env.update({"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo})
-    if store:
-        env["DDP_TUTORIAL_STORE"] = store
+    env["DDP_TUTORIAL_STORE"] = store
     # One thread per rank unless asked otherwise: N ranks x all cores thrash a small machine.
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra)
@@ -719,7 +727,7 @@ def _start_group(cmd, world_size, run_dir, backend, attempt, max_restarts, maste
         port = master_port or sock.getsockname()[1]
         store = "bind" if sock is None else f"fd:{sock.fileno()}"
         envs = [_worker_env(r, world_size, port, run_dir, backend, attempt, max_restarts,
-                            store if r == 0 else None, extra_env) for r in range(world_size)]
+                            store if r == 0 else "join", extra_env) for r in range(world_size)]
         group = _WorkerGroup(cmd, envs, echo, None if sock is None else sock.fileno())
     finally:
         if sock is not None:

@@ -13,6 +13,7 @@ from collections import Counter
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -142,6 +143,22 @@ def test_while_a_launch_runs_nothing_listens_beyond_loopback(tmp_path, master_po
     exposed = [s for s in sockets if not s[0].is_loopback]
     assert not exposed, f"listening beyond loopback: {exposed}"
     assert result["run"].exit_codes == {0: 0, 1: 0}
+    if not port:  # picked outside the ephemeral range, so no outgoing connection takes it meanwhile
+        low, high = launcher._ephemeral_range()
+        assert not low <= store_port <= high
+    # Free again once the run is over (SO_REUSEADDR, as a new store would bind it).
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", store_port))
+        s.listen()
+
+
+def test_a_group_made_again_after_destroy_joins_with_fresh_keys(runs_root):
+    """The store outlives each process group, so each rendezvous gets keys of its own."""
+    run = launch(ddp_tutorial.scripts_path("teardown_demo.py"), 2, echo="none", timeout=90)
+    for rank in (0, 1):
+        assert run.result(rank, "second_init_error")["type"] == "ValueError"
+        assert run.result(rank, "reinit_all_reduce") == 3.0
 
 
 def test_workers_pin_gloo_and_nccl_to_the_loopback_interface(tmp_path):
@@ -153,9 +170,9 @@ def test_workers_pin_gloo_and_nccl_to_the_loopback_interface(tmp_path):
     assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == lo
     assert env["MASTER_ADDR"] == "127.0.0.1" and env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
     assert env["DDP_TUTORIAL_STORE"] == "fd:7"
-    assert "DDP_TUTORIAL_STORE" not in launcher._worker_env(1, 2, 1234, tmp_path, "gloo", 0, 0, None, {})
+    assert launcher._worker_env(1, 2, 1234, tmp_path, "gloo", 0, 0, "join", {})["DDP_TUTORIAL_STORE"] == "join"
     # what the caller gives wins, as documented
-    assert launcher._worker_env(1, 2, 1234, tmp_path, "gloo", 0, 0, None,
+    assert launcher._worker_env(1, 2, 1234, tmp_path, "gloo", 0, 0, "join",
                                 {"GLOO_SOCKET_IFNAME": "eth9"})["GLOO_SOCKET_IFNAME"] == "eth9"
 
 
