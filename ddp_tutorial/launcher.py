@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from ddp_tutorial import config
+from ddp_tutorial.backend import BACKENDS
 from ddp_tutorial.metrics import Run
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -56,7 +57,6 @@ TRAIN_MODULE = "ddp_tutorial.train"
 LOOPBACK = "127.0.0.1"
 #: More ranks than this on one machine is a typo, not a plan.
 MAX_WORLD_SIZE = 1024
-BACKENDS = ("auto", "gloo", "nccl")
 ECHOES = ("all", "rank0", "none")
 #: The file ``launch`` claims its run folder with (``O_EXCL``): one launch per folder.
 CLAIM_FILE = ".launch.json"
