@@ -147,7 +147,7 @@ def _path(flag: str, path: str, folder: bool) -> Path:
     """Refuse an empty path, one of the wrong kind (file/folder), or one that cannot be made."""
     if not path.strip() or "\0" in path:
         raise ConfigError(f"{flag} must be a non-empty path, got {path!r}")
-    p = Path(path).expanduser()
+    p = Path(path)  # as train.py will use it (no ~ expansion)
     if folder and p.exists() and not p.is_dir():
         raise ConfigError(f"{flag} {path!r} is a file: give a folder")
     if not folder and p.is_dir():

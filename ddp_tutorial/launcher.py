@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from ddp_tutorial import config
+from ddp_tutorial.backend import BACKENDS
 from ddp_tutorial.metrics import Run
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -56,7 +57,6 @@ TRAIN_MODULE = "ddp_tutorial.train"
 LOOPBACK = "127.0.0.1"
 #: More ranks than this on one machine is a typo, not a plan.
 MAX_WORLD_SIZE = 1024
-BACKENDS = ("auto", "gloo", "nccl")
 ECHOES = ("all", "rank0", "none")
 #: The file ``launch`` claims its run folder with (``O_EXCL``): one launch per folder.
 CLAIM_FILE = ".launch.json"
@@ -365,7 +365,7 @@ def _train_settings(args: List[str], world_size: int, backend: str, run_dir):
             raise LaunchConfigError(f"backend={backend!r} and --backend {parsed.backend} disagree: give one")
         backend = parsed.backend
     if "out" in given:
-        if run_dir is not None and Path(run_dir).expanduser().resolve() != Path(parsed.out).resolve():
+        if run_dir is not None and Path(run_dir).resolve() != Path(parsed.out).resolve():
             raise LaunchConfigError(f"run_dir={str(run_dir)!r} and --out {parsed.out!r} name different "
                                     "folders: train.py writes to --out; give one")
         run_dir = parsed.out
@@ -418,7 +418,7 @@ def _claim_run_dir(run_dir, target: List[str], name: str, info: Dict[str, object
         except OSError as exc:
             raise LaunchConfigError(f"cannot make a run folder under {str(root)!r}: {exc}") from None
     else:
-        path = Path(_path_text(name, run_dir)).expanduser()
+        path = Path(_path_text(name, run_dir))  # as given: train.py does not expand ~ either
         _check_run_dir(path, name)
         try:
             path.mkdir(parents=True, exist_ok=True)
