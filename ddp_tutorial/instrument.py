@@ -37,12 +37,12 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_tutorial.checkpoint import load_checkpoint, save_checkpoint
+from ddp_tutorial.checkpoint import SETTINGS, load_checkpoint, save_checkpoint
 from ddp_tutorial.metrics import MetricsWriter
 
 #: What must match between a checkpoint and the run resuming from it: the
 #: position in an epoch names the same samples only for the same split.
-CHECKPOINT_SETTINGS = ("world_size", "batch_size", "accum_steps", "dataset_size", "seed")
+CHECKPOINT_SETTINGS = SETTINGS
 
 
 class Hooks:
@@ -410,9 +410,9 @@ class Instrument(Hooks):
         wall = time.perf_counter() - self.t_train
         module = unwrap(model)
         if self.out is not None and self.env.rank == 0:
-            os.makedirs(self.out, exist_ok=True)
-            torch.save({k: v.cpu() for k, v in module.state_dict().items()},
-                       os.path.join(self.out, "model.pt"))
+            # Atomically, like a checkpoint: a reader never sees half a model.pt.
+            save_checkpoint({k: v.cpu() for k, v in module.state_dict().items()},
+                            os.path.join(self.out, "model.pt"))
         env, counters = self.env, self.counters
         self._write({"kind": "summary", "world_size": env.world_size, "backend": env.backend,
                      "device": str(env.device), "bugs": self.bugs, "micro_steps": counters["step"],

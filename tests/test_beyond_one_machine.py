@@ -255,8 +255,8 @@ JOIN_SCRIPT = scripts_path("uneven_join.py")
 
 def test_uneven_inputs_without_join_hang_until_the_launch_timeout(tmp_path):
     with pytest.raises(LaunchTimeout) as info:
-        launch(JOIN_SCRIPT, 2, ["--no-join", "--batches", "3", "--extra", "2"],
-               run_dir=tmp_path / "run", echo="none", timeout=10)
+        launch(JOIN_SCRIPT, 2, ["--no-join", "--batches", "3", "--extra", "2", "--pg-timeout", "60"],
+               run_dir=tmp_path / "run", echo="none", timeout=20)  # time to start on a busy machine
     run = info.value.run
     # rank 0 ran out of data after 3 batches and waits at the barrier; rank 1 waits in the
     # all-reduce of its 4th batch for a partner that never comes.
