@@ -32,10 +32,11 @@ def all_reduce_ranks() -> float:
 def rejoin(rank: int) -> None:
     """Join a new group after ``destroy_process_group``.
 
-    Under torchrun (and ``launch``) the rendezvous store is hosted outside the
-    ranks and outlives the group, with the old group's addresses still in it:
-    a new group on the same keys could read them and fail to connect. A fresh
-    key prefix gives the new group a clean slate. When rank 0 hosted the store
+    Under torchrun the rendezvous store is hosted by the agent and outlives the
+    group, with the old group's addresses still in it: a new group on the same
+    keys could read them and fail to connect. A fresh key prefix gives the new
+    group a clean slate. (``launch`` also hosts the store outside the group, but
+    gives every rendezvous keys of its own, so there the prefix is only harmless.) When rank 0 hosted the store
     itself (plain env://), the store died with the group and env:// starts a new one.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
