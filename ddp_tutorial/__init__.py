@@ -9,8 +9,9 @@ The notebook-facing API::
 Importing this package does not import torch: only the worker processes do.
 """
 
+from ddp_tutorial import config, launcher
+from ddp_tutorial.config import TRAIN_MODULE, TRAIN_SCRIPT
 from ddp_tutorial.launcher import (
-    TRAIN_SCRIPT,
     LaunchConfigError,
     LaunchError,
     LaunchTimeout,
@@ -19,7 +20,10 @@ from ddp_tutorial.launcher import (
     launch,
     scripts_path,
 )
-from ddp_tutorial.metrics import Run
+from ddp_tutorial.runfolder import Run
+
+# train.py's flags are checked in the kernel before a launch starts anything.
+launcher.check_args_with([[TRAIN_SCRIPT], ["-m", TRAIN_MODULE]], config.launch_settings)
 
 __all__ = ["launch", "Run", "TRAIN_SCRIPT", "LaunchError", "LaunchConfigError", "WorkerError",
            "LaunchTimeout", "free_port", "scripts_path", "plots"]

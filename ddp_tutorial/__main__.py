@@ -14,7 +14,8 @@ import argparse
 import sys
 
 from ddp_tutorial import config
-from ddp_tutorial.launcher import TRAIN_SCRIPT, LaunchError, launch
+from ddp_tutorial.config import TRAIN_SCRIPT
+from ddp_tutorial.launcher import LaunchError, launch
 
 
 def build_parser() -> argparse.ArgumentParser:

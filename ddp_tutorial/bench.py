@@ -17,241 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
-from ddp_tutorial import perf, selfcheck
-from ddp_tutorial.launcher import launch, scripts_path
-
-CROSSCHECK_BYTES = 16 * perf.MB
-
-
-def visible_gpus() -> int:
-    """GPUs ``nvidia-smi`` lists (0 without it), without importing torch."""
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
-
-
-# -- Measurements (each one launch) --------------------------------------------
-def allreduce_sweep(world_sizes: Sequence[int] = (2, 4), quick: bool = False, backend: str = "gloo",
-                    timeout: float = 300.0) -> Dict:
-    """All-reduce latency over sizes for each world size, with algbw, busbw and the α-β fit.
-
-    Args:
-        world_sizes: ranks per sweep (one launch each).
-        quick: every 4x in size instead of every 2x, fewer calls.
-        backend: ``"gloo"``, ``"nccl"`` or ``"auto"`` (nccl when the workers see CUDA).
-        timeout: seconds per launch.
-
-    Returns:
-        ``samples`` and ``table`` (one row per world size and size), ``fit`` (α, B, R²),
-        ``memcpy_Bps`` (the ceiling), ``backend``, and ``cuda_samples``/``cuda_fit`` on GPUs.
-    """
-    samples, cuda_samples, ceilings, backends = [], [], [], set()
-    for world_size in world_sizes:
-        run = launch(scripts_path("perf_allreduce.py"), world_size,
-                     ["--quick"] * quick + ["--backend", backend], timeout=timeout, echo="rank0")
-        samples += run.result(0, "sweep")
-        cuda_samples += run.result(0, "cuda_sweep")
-        ceilings.append(run.result(0, "memcpy_Bps"))
-        backends.add(run.result(0, "backend"))
-    result = {"samples": samples, "table": perf.sweep_table(samples), "fit": perf.fit_alpha_beta(samples),
-              "memcpy_Bps": max(ceilings), "backend": "/".join(sorted(backends)),
-              "world_sizes": list(world_sizes), "cuda_samples": cuda_samples,
-              # One fit per world size too: with more ranks than cores, the latency of
-              # small messages is the OS scheduler's, which no ring model describes.
-              "fit_by_world_size": {w: perf.fit_alpha_beta([s for s in samples if s["world_size"] == w])
-                                    for w in world_sizes}}
-    if cuda_samples:
-        result["cuda_fit"] = perf.fit_alpha_beta(cuda_samples)
-    return result
-
-
-def plain_crosscheck(sweep: Dict, world_size: int = 2, backend: str = "gloo", timeout: float = 120.0) -> Dict:
-    """A bare all-reduce loop at 16 MB, launched alone, against the sweep's 16 MB point and the fit.
-
-    Returns:
-        ``plain_s``, ``sweep_s``, ``fit_s`` and the relative gaps of the last two to the plain loop.
-    """
-    env = {"CUDA_VISIBLE_DEVICES": ""} if backend == "gloo" else None  # the bare script picks nccl on GPUs
-    run = launch(scripts_path("perf_plain_allreduce.py"), world_size, [str(CROSSCHECK_BYTES)],
-                 timeout=timeout, echo="none", env=env)
-    plain_s = run.result(0, "seconds")
-    sweep_s = next(s["seconds"] for s in sweep["samples"]
-                   if s["world_size"] == world_size and s["bytes"] == CROSSCHECK_BYTES)
-    fit = sweep["fit"]
-    fit_s = perf.ring_time(CROSSCHECK_BYTES, world_size, fit["alpha_s"], fit["bandwidth"])
-    return {"world_size": world_size, "plain_s": plain_s, "sweep_s": sweep_s, "fit_s": fit_s,
-            "sweep_gap": perf.relative_gap(sweep_s, plain_s), "fit_gap": perf.relative_gap(fit_s, plain_s)}
-
-
-def ddp_lab(world_size: int = 2, quick: bool = False, sections: Optional[Sequence[str]] = None,
-            backend: str = "gloo", timeout: float = 300.0) -> Dict:
-    """Buckets, overlap, accumulation, instrumentation overhead and sync-time fidelity: one launch.
-
-    Returns:
-        The dict ``scripts/perf_ddp.py`` reported (see its docstring for the keys).
-    """
-    args = ["--quick"] * quick + ["--backend", backend]
-    if sections:
-        args += ["--sections", *sections]
-    run = launch(scripts_path("perf_ddp.py"), world_size, args, timeout=timeout, echo="rank0")
-    return run.results(0)[-1]
-
-
-def grad_view(world_size: int = 2, steps: int = 8, width: int = 256, timeout: float = 120.0) -> List[Dict]:
-    """Where the gradients live with and without ``gradient_as_bucket_view`` (one launch).
-
-    Returns one row per (view, set_to_none): ``grad_storages``, ``buckets``,
-    ``grad_bytes``, ``bucket_bytes``, ``grad_bytes_inside_buckets`` and the median ``step_s``.
-    """
-    run = launch(scripts_path("perf_grad_view.py"), world_size, ["--steps", str(steps), "--width", str(width)],
-                 timeout=timeout, echo="none")
-    return run.result(0, "grad_view")
-
-
-def import_torch_seconds(repeats: int = 1) -> float:
-    """Wall seconds of ``python -c "import torch"``: what every rank pays before it does anything."""
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import torch"], check=True)
-        times.append(time.perf_counter() - t0)
-    return perf.median(times)
-
-
-def launch_phases(run, t0: float, t1: float) -> Dict[str, float]:
-    """Split one probe launch (``scripts/perf_launch_probe.py``) into phases, in seconds.
-
-    Args:
-        run: the probe's ``Run``; each rank reported wall-clock timestamps.
-        t0: ``time.time()`` when ``launch`` was called; t1: when it returned.
-    """
-    ranks = range(len(run.ranks))
-    stamps = {k: [run.result(r, k) for r in ranks] for k in ("started", "imported", "joined", "finished")}
-    return {"spawn": min(stamps["started"]) - t0,  # until the first rank runs its first line
-            "import_torch": max(stamps["imported"]) - min(stamps["started"]),  # until the last has torch
-            "join": max(stamps["joined"]) - max(stamps["imported"]),  # init_process_group after that
-            "work": max(stamps["finished"]) - max(stamps["joined"]),  # all_reduce, barrier, destroy
-            "exit": t1 - max(stamps["finished"])}  # interpreter teardown, reaping
-
-
-def launch_speed(repeats: int = 3, world_size: int = 4, timeout: float = 120.0) -> Dict:
-    """``launch`` vs ``torchrun --standalone`` on hello.py, alternating, medians of ``repeats`` each.
-
-    Each repeat also launches ``perf_launch_probe.py`` twice, as is and with ranks
-    waiting for rank 0's store before init (``--wait-for-store``), to show where the time goes.
-
-    Returns:
-        ``launch_s``, ``torchrun_s``, ``ratio`` (target <= 0.75), ``fixed_s`` and
-        ``fixed_ratio`` (the probe with the store wait), ``phases`` and ``fixed_phases``
-        (``launch_phases`` medians), the ranks' median ``init_s`` under launch,
-        ``import_torch_s`` and ``floor_s`` (world_size imports shared by the cores).
-    """
-    hello, probe = scripts_path("hello.py"), scripts_path("perf_launch_probe.py")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", str(world_size), hello]
-    times: Dict[str, List[float]] = {"launch": [], "torchrun": [], "probe": [], "fixed": []}
-    phases: Dict[str, List[Dict[str, float]]] = {"probe": [], "fixed": []}
-    init_s: List[float] = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        run = launch(hello, world_size, timeout=timeout, echo="none")
-        times["launch"].append(time.perf_counter() - t0)
-        init_s += [run.result(r, "init_s") for r in range(world_size)]
-        t0 = time.perf_counter()
-        subprocess.run(torchrun, check=True, capture_output=True, timeout=timeout,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
-        times["torchrun"].append(time.perf_counter() - t0)
-        for name, flags in (("probe", []), ("fixed", ["--wait-for-store"])):
-            wall0, t0 = time.time(), time.perf_counter()
-            run = launch(probe, world_size, flags, timeout=timeout, echo="none")
-            times[name].append(time.perf_counter() - t0)
-            phases[name].append(launch_phases(run, wall0, time.time()))
-    import_s = import_torch_seconds()
-    cores = os.cpu_count() or 1
-    med = {name: perf.median(values) for name, values in times.items()}
-    return {"launch_s": med["launch"], "torchrun_s": med["torchrun"], "ratio": med["launch"] / med["torchrun"],
-            "probe_s": med["probe"], "fixed_s": med["fixed"], "fixed_ratio": med["fixed"] / med["torchrun"],
-            "phases": {k: perf.median([p[k] for p in phases["probe"]]) for k in phases["probe"][0]},
-            "fixed_phases": {k: perf.median([p[k] for p in phases["fixed"]]) for k in phases["fixed"][0]},
-            "init_s": perf.median(init_s), "import_torch_s": import_s,
-            "floor_s": world_size * import_s / min(cores, world_size), "cores": cores,
-            "world_size": world_size, "repeats": repeats}
-
-
-def notebook_suite(folder: str = "notebooks", timeout: float = 600.0) -> Dict:
-    """Wall seconds of one ``pytest --nbmake`` round over ``folder`` (target: under 180 s on 2 cores)."""
-    notebooks = sorted(Path(folder).glob("*.ipynb"))
-    if not notebooks:
-        return {"skipped": f"no notebooks in {folder!r}"}
-    t0 = time.perf_counter()
-    results = selfcheck.notebook_round(notebooks, timeout)
-    seconds = time.perf_counter() - t0
-    failed = [name for name, r in results.items() if not r["passed"]]
-    return {"seconds": seconds, "ratio": seconds / 180.0, "notebooks": [n.name for n in notebooks],
-            "passed": not failed, "failed": failed,
-            "summary": f"{len(results) - len(failed)} of {len(results)} notebooks passed"}
-
-
-# -- Analysis -------------------------------------------------------------------
-def projection(sweep: Dict, lab: Dict) -> Dict:
-    """The scaling projection from the fitted α and the measured compute time per sample.
-
-    Two jobs: this kit's model (measured compute, its gradient bytes) and a
-    ResNet-50-like one (``perf.PAPER_LIKE_JOB``, assumed numbers); two values of α
-    (fitted here, and NCCL-class); link bandwidths of 25, 100 and 450 GB/s; bucket
-    sizes 1 and 25 MB; K = 1 and 8.
-
-    Returns:
-        ``rows`` (every projected point), ``key`` (efficiency at 256 and 1024 workers
-        per job, α and bandwidth, for 25 MB buckets), ``jobs``, ``alphas``, ``assumptions``.
-    """
-    kit_job = {"label": "this kit's model (measured)", "model_bytes": lab["model_bytes"],
-               "compute_s_per_sample": lab["compute"]["s_per_sample"],
-               "batch_per_worker": lab["compute"]["batch_size"]}
-    jobs = [kit_job, perf.PAPER_LIKE_JOB]
-    alphas = {"fitted": sweep["fit"]["alpha_s"], "NCCL-class": perf.NCCL_CLASS_ALPHA_S}
-    rows = []
-    for alpha_label, alpha in alphas.items():
-        for job in jobs:
-            rows += perf.projection_grid(
-                alpha_s=alpha, compute_s_per_sample=job["compute_s_per_sample"],
-                model_bytes=job["model_bytes"], batch_per_worker=job["batch_per_worker"],
-                bucket_mbs=(1.0, 25.0), accum_steps=(1, 8), label=job["label"], alpha_label=alpha_label)
-    key = []
-    for alpha_label in alphas:
-        for job in jobs:
-            for k in (1, 8):
-                point = {"job": job["label"], "alpha": alpha_label, "accum_steps": k}
-                for gbps in (25, 100, 450):
-                    for workers in (256, 1024):
-                        point[f"{gbps}GBps@{workers}"] = perf.efficiency_at(
-                            rows, workers, label=job["label"], alpha_label=alpha_label, bandwidth_GBps=gbps,
-                            bucket_mb=25.0, accum_steps=k)
-                key.append(point)
-    return {"rows": rows, "key": key, "alpha_s": alphas["fitted"], "alphas": alphas, "jobs": jobs,
-            "assumptions": perf.PROJECTION_ASSUMPTIONS}
-
-
-def accumulation_ratios(rows: Sequence[Dict]) -> List[Dict]:
-    """For each straggler setting: transfer time per sample relative to K=1, next to the ideal 1/K."""
-    out = []
-    for row in rows:
-        base = next(r for r in rows if r["straggler_ms"] == row["straggler_ms"] and r["accum_steps"] == 1)
-        out.append({**row, "comm_per_sample_vs_k1": row["transfer_s_per_sample"] / base["transfer_s_per_sample"],
-                    "ideal": 1.0 / row["accum_steps"]})
-    return out
+from ddp_tutorial import selfcheck
+from ddp_tutorial.perf import costmodel as perf
+from ddp_tutorial.perf.measure import (accumulation_ratios, allreduce_sweep, ddp_lab, gpu_part, plain_crosscheck,
+                                       projection)
+from ddp_tutorial.selfcheck.launch_speed import launch_speed
 
 
 # -- The whole bench ------------------------------------------------------------
@@ -279,25 +54,11 @@ def run_bench(quick: bool = False, out: Optional[str] = None, notebooks: Optiona
     timed("launch", launch_speed, 1 if quick else 3)
     timed("gpu", gpu_part, quick)
     if notebooks if notebooks is not None else not quick:
-        timed("notebooks", notebook_suite)
+        timed("notebooks", selfcheck.notebook_suite)
     results["bench_seconds"] = time.perf_counter() - t0
     if out:
         save(results, out)
     return results
-
-
-def gpu_part(quick: bool) -> Dict:
-    """The sweep and the DDP lab again with ``backend="auto"`` on GPUs (nccl); the sweep also with CUDA events.
-
-    Skipped, with the reason, where there are fewer than two GPUs: nccl needs one GPU per rank.
-    """
-    gpus = visible_gpus()
-    if gpus < 2:
-        return {"skipped": f"{gpus} GPU(s) visible (nvidia-smi): the nccl sweep needs one GPU per "
-                           "rank and at least 2 ranks; CPU numbers above are gloo"}
-    sweep = allreduce_sweep(tuple(p for p in (2, 4) if p <= gpus), quick=quick, backend="auto")
-    lab = ddp_lab(2, quick=quick, sections=["compute", "buckets", "overlap", "fidelity"], backend="auto")
-    return {"sweep": sweep, "ddp": lab, "auto_picked": sweep["backend"]}
 
 
 def save(results: Dict, out: str) -> None:
@@ -305,7 +66,7 @@ def save(results: Dict, out: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    from ddp_tutorial.plots import perf as perf_plots
+    from ddp_tutorial.perf import plots as perf_plots
 
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
-"""Command-line flags of the training script, and their checks.
+"""Command-line flags of the training script, their checks, and the original demo's mistakes.
 
-This module imports no torch, so the launcher can check a run's flags in the
-notebook kernel (cheaply) before it starts any worker process.
+This module imports no torch, so a run's flags are checked in the notebook
+kernel (cheaply) before any worker process starts: ``launch_settings`` is what
+``launch`` calls for train.py (registered with ``launcher.check_args_with``).
 """
 
 from __future__ import annotations
@@ -11,9 +12,14 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from ddp_tutorial.backend import BACKENDS
+from ddp_tutorial.runfolder import rank_run_dir
+
+#: The training script, as a file path (``launch(TRAIN_SCRIPT, 4, [...])``) and as a module.
+TRAIN_SCRIPT = str(Path(__file__).resolve().with_name("train.py"))
+TRAIN_MODULE = "ddp_tutorial.train"
 
 
 @dataclass(frozen=True)
@@ -26,7 +32,7 @@ class Mistake:
         what: what goes wrong.
         fix: what the kit does instead.
         notebooks: the notebooks that measure it, e.g. "04" or "01, 05".
-        function: the train.py function whose original version (``ddp_tutorial.original``)
+        function: the train.py function whose original version (``ddp_tutorial.rank.original``)
             ``--bug NAME`` runs; None for a mistake the launcher fixes, not train.py.
     """
 
@@ -111,7 +117,7 @@ def add_training_flags(p: argparse.ArgumentParser) -> None:
                         "cores oversubscribe a small machine) (default: 1)")
     g.add_argument("--pg-timeout", type=float, default=300.0,
                    help="seconds a collective may wait before the process group gives up (default: 300)")
-    g.add_argument("--out", default=os.environ.get("DDP_TUTORIAL_RUN_DIR", "runs/train"),
+    g.add_argument("--out", default=rank_run_dir("runs/train"),
                    help="folder for rank<R>.jsonl metrics and rank 0's model.pt")
     g.add_argument("--no-metrics", action="store_true",
                    help="skip the per-step timing hook and metric files (for overhead checks)")
@@ -207,7 +213,7 @@ def validate(args: argparse.Namespace, world_size: int) -> argparse.Namespace:
 
 def _check_checkpoint(args: argparse.Namespace, world_size: int) -> None:
     """An existing ``--checkpoint`` must be one, made with this run's settings (read without torch)."""
-    from ddp_tutorial import checkpoint
+    from ddp_tutorial.rank import checkpoint
 
     path = _path("--checkpoint", args.checkpoint, folder=False)
     if not path.exists():
@@ -233,3 +239,38 @@ def parse(argv: Sequence[str], world_size: int) -> argparse.Namespace:
     except SystemExit as exc:  # --help, --version: they exit too
         raise ConfigError(f"bad training flags {list(argv)!r} (see --help)") from exc
     return validate(args, world_size)
+
+
+def given_flags(args: Sequence[str]) -> Dict[str, object]:
+    """The training flags ``args`` sets explicitly, by destination (``--out=DIR`` -> ``{"out": "DIR"}``).
+
+    Parsed like train.py parses them, so ``--out=DIR`` and abbreviations count;
+    flags left at their defaults are absent. ``args`` must already parse.
+    """
+    parser = build_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return vars(parser.parse_known_args(list(args))[0])
+
+
+def launch_settings(args: List[str], world_size: int, backend: str, run_dir):
+    """``launch``'s check of train.py's flags; returns (backend, run_dir, run_dir_name).
+
+    ``--backend`` and ``--out``, when given, are the launch's backend and run
+    folder; they must agree with ``backend=`` and ``run_dir=`` if those are given too.
+
+    Raises:
+        ConfigError: a flag that cannot work, or a disagreement.
+    """
+    parsed = parse(args, world_size)
+    given = given_flags(args)
+    if "backend" in given:
+        if backend != "auto" and backend != parsed.backend:
+            raise ConfigError(f"backend={backend!r} and --backend {parsed.backend} disagree: give one")
+        backend = parsed.backend
+    if "out" not in given:
+        return backend, run_dir, "run_dir"
+    if run_dir is not None and Path(run_dir).resolve() != Path(parsed.out).resolve():
+        raise ConfigError(f"run_dir={str(run_dir)!r} and --out {parsed.out!r} name different "
+                          "folders: train.py writes to --out; give one")
+    return backend, parsed.out, "run_dir" if run_dir is not None else "--out"

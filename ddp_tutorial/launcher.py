@@ -22,12 +22,10 @@ This module imports no torch, so a launch costs the kernel nothing up front.
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import codecs
 import importlib.util
 import io
-import json
 import math
 import numbers
 import os
@@ -38,28 +36,23 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import weakref
 from collections.abc import Mapping, Sequence as SequenceABC
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ddp_tutorial import config
+from ddp_tutorial import runfolder
 from ddp_tutorial.backend import BACKENDS
-from ddp_tutorial.metrics import Run
+from ddp_tutorial.runfolder import Run
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-#: The training script, as a file path: ``launch(TRAIN_SCRIPT, 4, [...])``.
-TRAIN_SCRIPT = str(PACKAGE_DIR / "train.py")
-BOOTSTRAP = str(PACKAGE_DIR / "_bootstrap.py")
-TRAIN_MODULE = "ddp_tutorial.train"
+#: What every rank runs first (``python -u BOOTSTRAP SCRIPT ARGS``); it then runs the script.
+BOOTSTRAP = str(PACKAGE_DIR / "rank" / "bootstrap.py")
 LOOPBACK = "127.0.0.1"
 #: More ranks than this on one machine is a typo, not a plan.
 MAX_WORLD_SIZE = 1024
 ECHOES = ("all", "rank0", "none")
-#: The file ``launch`` claims its run folder with (``O_EXCL``): one launch per folder.
-CLAIM_FILE = ".launch.json"
 #: Seconds the kernel gets to reap a rank after SIGKILL; a rank stuck in the
 #: kernel (uninterruptible I/O) longer than this is left, not waited for forever.
 KILL_WAIT_S = 5.0
@@ -69,8 +62,14 @@ DRAIN_S = 2.0
 
 
 def scripts_path(name: str) -> str:
-    """Path of a lesson script in ``ddp_tutorial/scripts``, e.g. ``scripts_path("hello.py")``."""
-    return str(PACKAGE_DIR / "scripts" / name)
+    """Path of one of the kit's worker scripts by file name, e.g. ``scripts_path("hello.py")``.
+
+    They live in the ``workers/`` folders beside the lesson that starts them.
+    """
+    found = sorted(PACKAGE_DIR.glob(f"**/workers/{name}"))
+    if len(found) != 1:
+        raise FileNotFoundError(f"{len(found)} worker scripts named {name!r} in {PACKAGE_DIR}")
+    return str(found[0])
 
 
 class LaunchError(RuntimeError):
@@ -337,103 +336,32 @@ def _resolve_script(script) -> List[str]:
     return [str(path.resolve())]
 
 
-def _is_train(target: List[str]) -> bool:
-    return target == ["-m", TRAIN_MODULE] or target == [TRAIN_SCRIPT]
+#: Argument checks for scripts whose flags can be checked in the kernel, before
+#: anything starts: ``tuple(command target) -> check(args, world_size, backend, run_dir)``.
+_ARG_CHECKS: Dict[Tuple[str, ...], Callable] = {}
 
 
-def given_flags(args: Sequence[str]) -> Dict[str, object]:
-    """The training flags ``args`` sets explicitly, by destination (``--out=DIR`` -> ``{"out": "DIR"}``).
+def check_args_with(targets: Sequence[Sequence[str]], check: Callable) -> None:
+    """Register ``check`` for a script's arguments; ``launch`` calls it before it starts anything.
 
-    Parsed like train.py parses them, so ``--out=DIR`` and abbreviations count;
-    flags left at their defaults are absent. ``args`` must already parse.
+    Args:
+        targets: the script as ``launch`` resolves it, each form (``[path]``, ``["-m", module]``).
+        check: ``check(args, world_size, backend, run_dir) -> (backend, run_dir, run_dir_name)``;
+            it raises ``ValueError`` for bad arguments, and may take the backend or
+            the run folder from them (``run_dir_name`` names where the folder came from).
     """
-    parser = config.build_parser()
-    for action in parser._actions:
-        action.default = argparse.SUPPRESS
-    return vars(parser.parse_known_args(list(args))[0])
-
-
-def _train_settings(args: List[str], world_size: int, backend: str, run_dir):
-    """Check train.py's flags; returns (backend, run_dir) with ``--backend``/``--out`` applied."""
-    try:
-        parsed = config.parse(args, world_size)
-    except config.ConfigError as exc:
-        raise LaunchConfigError(str(exc)) from None
-    given = given_flags(args)
-    if "backend" in given:
-        if backend != "auto" and backend != parsed.backend:
-            raise LaunchConfigError(f"backend={backend!r} and --backend {parsed.backend} disagree: give one")
-        backend = parsed.backend
-    if "out" in given:
-        if run_dir is not None and Path(run_dir).resolve() != Path(parsed.out).resolve():
-            raise LaunchConfigError(f"run_dir={str(run_dir)!r} and --out {parsed.out!r} name different "
-                                    "folders: train.py writes to --out; give one")
-        run_dir = parsed.out
-    return backend, run_dir
+    for target in targets:
+        _ARG_CHECKS[tuple(target)] = check
 
 
 def _check_nccl(world_size: int) -> None:
-    import torch  # only for an explicit nccl request: the kernel otherwise never pays for it
+    """Refuse nccl unless every rank can have a GPU of its own (imports torch, only for nccl)."""
+    from ddp_tutorial.backend import choose_backend, gpu_count
 
-    if not torch.cuda.is_available():
-        raise LaunchConfigError("backend 'nccl' needs CUDA GPUs, but torch.cuda.is_available() is "
-                                "False here; use backend='gloo' (or 'auto') on CPU")
-    gpus = torch.cuda.device_count()
-    if gpus < world_size:
-        raise LaunchConfigError(f"backend 'nccl' needs one GPU per rank: world_size={world_size} "
-                                f"but only {gpus} GPU(s) are visible; use world_size <= {gpus}")
-
-
-def _check_run_dir(path: Path, name: str, empty: bool = True) -> None:
-    """Refuse a folder that is a file, is not ``empty``, or cannot be made (creates nothing)."""
-    if path.exists() and not path.is_dir():
-        raise LaunchConfigError(f"{name} {str(path)!r} is a file: give a folder (new or empty)")
-    if path.is_dir():
-        if empty and any(path.iterdir()):
-            raise LaunchConfigError(f"{name} {str(path)!r} is not empty: each launch needs its own "
-                                    "folder, so no earlier results are overwritten")
-        existing = path
-    else:
-        existing = next(p for p in path.absolute().parents if p.exists())
-        if not existing.is_dir():
-            raise LaunchConfigError(f"{name} {str(path)!r} cannot be made: {str(existing)!r} is a file")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise LaunchConfigError(f"{name} {str(path)!r} cannot be written: no write permission "
-                                f"on {str(existing)!r}")
-
-
-def _claim_run_dir(run_dir, target: List[str], name: str, info: Dict[str, object]) -> Path:
-    """Make (or take the empty) run folder and claim it, so no second launch can take it too.
-
-    The claim is ``CLAIM_FILE`` created with ``O_EXCL``: of two launches given the
-    same folder at once, exactly one creates it; the other is refused.
-    """
-    if run_dir is None:
-        root = Path(os.environ.get("DDP_TUTORIAL_RUNS", "runs"))
-        _check_run_dir(root, "DDP_TUTORIAL_RUNS", empty=False)
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            stem = Path(target[-1]).stem if target[0] != "-m" else target[1].rsplit(".", 1)[-1]
-            path = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}-", dir=root))
-        except OSError as exc:
-            raise LaunchConfigError(f"cannot make a run folder under {str(root)!r}: {exc}") from None
-    else:
-        path = Path(_path_text(name, run_dir))  # as given: train.py does not expand ~ either
-        _check_run_dir(path, name)
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise LaunchConfigError(f"{name} {str(path)!r} cannot be made: {exc}") from None
     try:
-        fd = os.open(path / CLAIM_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        raise LaunchConfigError(f"{name} {str(path)!r} is taken by another launch") from None
-    with os.fdopen(fd, "w") as f:
-        json.dump({**info, "launcher_pid": os.getpid(), "started": time.time()}, f)
-    if any(p.name != CLAIM_FILE for p in path.iterdir()):  # written to between our check and claim
-        (path / CLAIM_FILE).unlink()
-        raise LaunchConfigError(f"{name} {str(path)!r} is not empty: another program writes there")
-    return path.resolve()
+        choose_backend("nccl", gpu_count(), world_size)
+    except ValueError as exc:
+        raise LaunchConfigError(str(exc)) from None
 
 
 def _worker_env(rank: int, world_size: int, port: int, run_dir: Path, backend: str,
@@ -459,7 +387,7 @@ def _worker_env(rank: int, world_size: int, port: int, run_dir: Path, backend: s
         # start a second server (on all interfaces): every rank connects as a client.
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         # ours
-        "DDP_TUTORIAL_RUN_DIR": str(run_dir), "DDP_TUTORIAL_BACKEND": backend,
+        runfolder.RUN_DIR_ENV: str(run_dir), "DDP_TUTORIAL_BACKEND": backend,
         "DDP_TUTORIAL_LAUNCHER_PID": str(os.getpid()),
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_DIR.parent), env.get("PYTHONPATH")])),
@@ -577,6 +505,7 @@ class _WorkerGroup:
             if p.returncode is not None or not _has_exited(p):
                 continue
             _killpg(p, signal.SIGKILL)  # leftovers, e.g. a DataLoader worker
+            _wait_for_members(p.pid, time.monotonic() + KILL_WAIT_S)
             p.wait()  # it has exited: returns at once
             self.exit_codes[rank] = p.returncode
         if all(p.returncode is not None for p in self.procs):
@@ -622,6 +551,40 @@ def _has_exited(p: subprocess.Popen) -> bool:
         return os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:  # reaped elsewhere already
         return p.poll() is not None
+
+
+def _live_members(pgid: int) -> List[int]:
+    """Processes of group ``pgid`` still running (not zombies), its leader aside; Linux's /proc, else []."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    members = []
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == pgid:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state, _, pgrp = f.read().rsplit(b")", 1)[1].split()[:3]
+        except (OSError, ValueError):  # gone meanwhile, or not ours to read
+            continue
+        if int(pgrp) == pgid and state != b"Z":
+            members.append(int(entry))
+    return members
+
+
+def _wait_for_members(pgid: int, deadline: float) -> bool:
+    """After a SIGKILL of group ``pgid``: wait until no member runs (True), or ``deadline`` (False).
+
+    A SIGKILL takes effect when the process next runs, which on a busy machine
+    can be a while; returning before then would leave it visible after the launch.
+    Called while the leader is an unreaped zombie, so the group id is still ours.
+    """
+    while _live_members(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)  # no event announces that a group emptied, so look again shortly
+    return True
 
 
 def _killpg(p: subprocess.Popen, sig: int) -> None:
@@ -684,15 +647,22 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
     extra_env = _env_param(env)
     target = _resolve_script(script)
     run_dir_name = "run_dir"
-    if _is_train(target):
-        given_run_dir = run_dir
-        backend, run_dir = _train_settings(args, world_size, backend, run_dir)
-        if given_run_dir is None and run_dir is not None:
-            run_dir_name = "--out"
+    check = _ARG_CHECKS.get(tuple(target))
+    if check is not None:
+        try:
+            backend, run_dir, run_dir_name = check(args, world_size, backend, run_dir)
+        except ValueError as exc:
+            raise LaunchConfigError(str(exc)) from None
     if backend == "nccl":
         _check_nccl(world_size)
-    run_dir = _claim_run_dir(run_dir, target, run_dir_name,
-                             {"script": target, "world_size": world_size, "args": args})
+    stem = Path(target[-1]).stem if target[0] != "-m" else target[1].rsplit(".", 1)[-1]
+    if run_dir is not None:
+        run_dir = _path_text(run_dir_name, run_dir)  # as given: train.py does not expand ~ either
+    try:
+        run_dir = runfolder.claim(run_dir, stem, run_dir_name,
+                                  {"script": target, "world_size": world_size, "args": args})
+    except runfolder.RunFolderError as exc:
+        raise LaunchConfigError(str(exc)) from None
     cmd = [sys.executable, "-u", BOOTSTRAP, *target, *args]
 
     deadline = t0 + timeout

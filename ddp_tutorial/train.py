@@ -7,8 +7,8 @@
 The steps, in the order they run: (1) ``init_process_group``, (2) ``wrap_model``,
 (3) ``make_loader`` and ``start_epoch``, (4) ``train_epoch``, whose ``micro_step``
 is the ``no_sync`` window, (5) ``teardown``. What the kit measures and saves comes
-in through ``hooks`` (``ddp_tutorial.instrument``); without them this is plain DDP.
-``--bug NAME`` runs the original demo's version of one function (``ddp_tutorial.original``).
+in through ``hooks`` (``ddp_tutorial.rank.instrument``); without them this is plain DDP.
+``--bug NAME`` runs the original demo's version of one function (``ddp_tutorial.rank.original``).
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ from torch.utils.data.distributed import DistributedSampler
 if __package__ in (None, ""):  # run as a file path: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ddp_tutorial import config, original  # noqa: E402
+from ddp_tutorial import config  # noqa: E402
+from ddp_tutorial.rank import original  # noqa: E402
 from ddp_tutorial.backend import backend_for_this_node  # noqa: E402
-from ddp_tutorial.instrument import NO_HOOKS, Hooks, Instrument  # noqa: E402
+from ddp_tutorial.rank.instrument import NO_HOOKS, Hooks, Instrument  # noqa: E402
 
 
 @dataclass
@@ -248,6 +249,6 @@ def parse_flags(argv=None):
 
 
 if __name__ == "__main__":
-    from ddp_tutorial._bootstrap import exit_without_teardown
+    from ddp_tutorial.rank.bootstrap import exit_without_teardown
 
     exit_without_teardown(main())  # gloo's objects destroyed at interpreter exit can abort a finished run

@@ -9,7 +9,9 @@ import math
 
 import pytest
 
-from ddp_tutorial import bench, perf
+from ddp_tutorial import bench
+from ddp_tutorial.backend import gpu_count
+from ddp_tutorial.perf import costmodel as perf, measure
 
 
 # -- The cost model, on numbers made by the model itself -------------------------
@@ -82,7 +84,7 @@ def test_projection_step_adds_only_comm_that_backward_cannot_hide():
 def test_accumulation_ratios_are_relative_to_k1_of_the_same_straggler_setting():
     rows = [{"accum_steps": k, "straggler_ms": s, "transfer_s_per_sample": (1.0 + s) / k}
             for s in (0.0, 5.0) for k in (1, 2, 4)]
-    ratios = bench.accumulation_ratios(rows)
+    ratios = measure.accumulation_ratios(rows)
     assert [r["comm_per_sample_vs_k1"] for r in ratios] == pytest.approx([1, 0.5, 0.25] * 2)
     assert [r["ideal"] for r in ratios] == pytest.approx([1, 0.5, 0.25] * 2)
 
@@ -145,7 +147,7 @@ def test_quick_bench_prints_a_table_and_saves_figures(quick_bench):
 
 def test_gpu_part_skips_with_a_reason_without_gpus(quick_bench):
     results, _ = quick_bench
-    if bench.visible_gpus() >= 2:
+    if gpu_count() >= 2:
         assert results["gpu"]["auto_picked"] == "nccl"
         assert all(math.isfinite(v) for v in (results["gpu"]["sweep"]["cuda_fit"]["alpha_s"],
                                               results["gpu"]["sweep"]["cuda_fit"]["bandwidth"]))

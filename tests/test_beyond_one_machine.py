@@ -20,10 +20,12 @@ import torch
 from conftest import processes_of_run
 
 from ddp_tutorial import (TRAIN_SCRIPT, LaunchConfigError, LaunchTimeout, WorkerError, config,
-                          free_port, instrument, launch, launcher, scripts_path, train)
+                          free_port, launch, launcher, train)
+from ddp_tutorial.rank import instrument
 from ddp_tutorial.backend import choose_backend
-from ddp_tutorial.checkpoint import load_checkpoint, save_checkpoint, temp_files
-from ddp_tutorial.metrics import Run
+from ddp_tutorial.lessons.beyond import UNEVEN_JOIN_SCRIPT
+from ddp_tutorial.rank.checkpoint import load_checkpoint, save_checkpoint, temp_files
+from ddp_tutorial.runfolder import Run
 
 REPO = Path(__file__).resolve().parents[1]
 # 2 ranks x 8 micro-batches of 16 per epoch, K=2: 4 optimizer steps per epoch, 16 micro-steps in all.
@@ -154,7 +156,7 @@ def test_a_writer_killed_during_its_first_save_leaves_no_checkpoint(tmp_path):
 # Saves a large checkpoint (many records, so it takes a while) through save_checkpoint.
 WRITER = """
 import sys, torch
-from ddp_tutorial.checkpoint import save_checkpoint
+from ddp_tutorial.rank.checkpoint import save_checkpoint
 state = {"step": 2, "blob": [torch.full((512,), 2.0) for _ in range(40000)]}
 save_checkpoint(state, sys.argv[1])
 print("finished", flush=True)
@@ -250,7 +252,7 @@ def test_save_every_needs_a_checkpoint_path():
 
 
 # -- Uneven inputs ------------------------------------------------------------
-JOIN_SCRIPT = scripts_path("uneven_join.py")
+JOIN_SCRIPT = UNEVEN_JOIN_SCRIPT
 
 
 def test_uneven_inputs_without_join_hang_until_the_launch_timeout(tmp_path):
@@ -286,7 +288,7 @@ def test_fewer_gpus_than_ranks_per_node_is_a_clear_error(monkeypatch):
     with pytest.raises(ValueError, match="4 ranks but has 2 GPU"):
         choose_backend("nccl", gpus=2, local_world_size=4)
     fake_gpus(monkeypatch, 2)
-    with pytest.raises(LaunchConfigError, match="world_size=4 but only 2 GPU"):
+    with pytest.raises(LaunchConfigError, match="4 ranks but has 2 GPU"):
         launcher._check_nccl(4)
     with pytest.raises(ValueError, match="needs CUDA"):
         choose_backend("nccl", gpus=0, local_world_size=1)

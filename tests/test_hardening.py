@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 
 import ddp_tutorial
 from ddp_tutorial import (TRAIN_SCRIPT, LaunchConfigError, LaunchError, LaunchTimeout, WorkerError,
-                          config, launch, launcher)
-from ddp_tutorial.checkpoint import CheckpointError, check_settings, save_checkpoint, temp_files
-from ddp_tutorial.metrics import MetricsWriter, Run, counted
+                          config, launch, launcher, runfolder)
+from ddp_tutorial.rank.checkpoint import CheckpointError, check_settings, save_checkpoint, temp_files
+from ddp_tutorial.runfolder import MetricsWriter, Run, counted
 from conftest import processes_of_run
 from test_launcher import wait_for
 
@@ -307,7 +307,7 @@ def test_a_file_that_is_not_a_checkpoint_or_of_another_run_is_refused(runs_root,
                    ["another run", "seed 0 (now 9)"], runs_root)
     config.parse(TINY + ["--checkpoint", str(ours)], 2)  # the same settings: accepted
     with pytest.raises(CheckpointError, match="is not a checkpoint"):
-        ddp_tutorial.checkpoint.load_checkpoint(text)
+        ddp_tutorial.rank.checkpoint.load_checkpoint(text)
 
 
 def test_train_py_itself_refuses_a_non_checkpoint(tmp_path):
@@ -343,9 +343,9 @@ def test_out_and_backend_are_read_from_the_parsed_flags(runs_root, tmp_path):
 
 
 def test_given_flags_sees_equals_and_abbreviations():
-    given = launcher.given_flags(["--ou=x", "--back", "gloo", "--epochs", "3"])
+    given = config.given_flags(["--ou=x", "--back", "gloo", "--epochs", "3"])
     assert given == {"out": "x", "backend": "gloo", "epochs": 3}
-    assert launcher.given_flags([]) == {}
+    assert config.given_flags([]) == {}
 
 
 def test_cli_refuses_bad_input_and_runs_without_metrics(tmp_path):
@@ -371,9 +371,9 @@ def test_two_launches_cannot_take_the_same_run_dir(tmp_path):
         def claim():
             start.wait()
             try:
-                launcher._claim_run_dir(folder, [PRINT_LINES], "run_dir", {})
+                runfolder.claim(folder, "print_lines", "run_dir", {})
                 outcomes.append("won")
-            except LaunchConfigError as exc:
+            except runfolder.RunFolderError as exc:
                 outcomes.append(str(exc))
 
         threads = [threading.Thread(target=claim) for _ in range(2)]
@@ -455,7 +455,7 @@ def test_a_save_keeps_other_writers_temporary_files(tmp_path):
     with pytest.raises(Exception):
         save_checkpoint({"fn": lambda: 0}, ckpt)  # cannot be pickled: this save fails...
     assert temp_files(ckpt) == [other]  # ...and removes only its own temporary file
-    assert ddp_tutorial.checkpoint.load_checkpoint(ckpt) == {"step": 1}
+    assert ddp_tutorial.rank.checkpoint.load_checkpoint(ckpt) == {"step": 1}
 
 
 def test_concurrent_saves_use_their_own_temporary_files(tmp_path, monkeypatch):
@@ -466,14 +466,14 @@ def test_concurrent_saves_use_their_own_temporary_files(tmp_path, monkeypatch):
         seen.append(Path(src).name)
         real_replace(src, dst)
 
-    monkeypatch.setattr(ddp_tutorial.checkpoint.os, "replace", record)
+    monkeypatch.setattr(ddp_tutorial.rank.checkpoint.os, "replace", record)
     threads = [threading.Thread(target=save_checkpoint, args=({"i": i}, ckpt)) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert len(set(seen)) == 8 and all(f".{os.getpid()}." in n for n in seen)
-    assert ddp_tutorial.checkpoint.load_checkpoint(ckpt)["i"] in range(8) and temp_files(ckpt) == []
+    assert ddp_tutorial.rank.checkpoint.load_checkpoint(ckpt)["i"] in range(8) and temp_files(ckpt) == []
 
 
 # -- 4. No resource leaked ----------------------------------------------------------

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import ddp_tutorial
-from ddp_tutorial import LaunchConfigError, LaunchError, LaunchTimeout, WorkerError, launch
+from ddp_tutorial import LaunchConfigError, LaunchError, LaunchTimeout, WorkerError, launch, launcher
 from conftest import pid_alive, processes_of_run
 
 HERE = Path(__file__).parent
@@ -68,7 +68,7 @@ def test_failing_rank_stops_the_group_fast_and_keeps_its_metrics():
     # The traceback starts in the script: no launcher frames, no second rank prefix.
     lines = err.traceback.splitlines()
     assert lines[0] == "Traceback (most recent call last):" and "train.py" in lines[1]
-    assert "_bootstrap.py" not in err.traceback and "[rank1]:" not in err.traceback
+    assert "bootstrap.py" not in err.traceback and "[rank1]:" not in err.traceback
     # Fail-fast: far from the 90 s deadline (the launch itself takes a few seconds).
     assert elapsed < 30
     # Nothing lost: rank 1 finished steps 0..4 before it failed, flushed to disk.
@@ -182,7 +182,7 @@ def test_killed_kernel_leaves_no_orphans(runs_root):
 def _is_rank(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"_bootstrap.py" in f.read()
+            return launcher.BOOTSTRAP.encode() in f.read()
     except FileNotFoundError:
         return False
 
@@ -246,7 +246,7 @@ def test_nccl_without_enough_gpus_is_refused(runs_root, monkeypatch):
             launch(ddp_tutorial.TRAIN_SCRIPT, 2, ["--backend", "nccl"])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    with pytest.raises(LaunchConfigError, match="only 1 GPU"):
+    with pytest.raises(LaunchConfigError, match="2 ranks but has 1 GPU"):
         launch(ddp_tutorial.TRAIN_SCRIPT, 2, backend="nccl")
     assert not runs_root.exists() or not any(runs_root.iterdir())
 

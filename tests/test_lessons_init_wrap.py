@@ -11,7 +11,8 @@ import pytest  # noqa: E402
 
 import ddp_tutorial  # noqa: E402
 from ddp_tutorial import config, plots  # noqa: E402
-from ddp_tutorial import lessons_init_wrap as lessons  # noqa: E402
+from ddp_tutorial import lessons as common  # noqa: E402
+from ddp_tutorial.lessons import init_wrap as lessons  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -110,18 +111,18 @@ def test_every_rank_sees_the_same_buckets(wrap_run):
 
 # -- helpers without a launch ------------------------------------------------------
 def test_every_bug_flag_has_a_lesson():
-    names = {m.name for m in lessons.mistakes()}
+    names = {m.name for m in common.mistakes()}
     assert set(config.BUGS) <= names
     assert {"hard-coded-port", "default-threads"} <= names
-    table = lessons.format_mistakes()
+    table = common.format_mistakes()
     assert all(name in table for name in names)
 
 
 def test_script_source_reads_without_importing():
-    src = lessons.script_source(lessons.WRAP_SCRIPT, "broadcast_and_gradient")
+    src = common.script_source(lessons.WRAP_SCRIPT, "broadcast_and_gradient")
     assert src.startswith("def broadcast_and_gradient") and "DDP(model)" in src
     with pytest.raises(ValueError):
-        lessons.script_source(lessons.WRAP_SCRIPT, "no_such_function")
+        common.script_source(lessons.WRAP_SCRIPT, "no_such_function")
 
 
 def test_plots_label_their_axes(init_rows, wrap_run):

@@ -16,11 +16,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import ddp_tutorial  # noqa: E402
-from ddp_tutorial import lessons_data_sync as lessons  # noqa: E402
+from ddp_tutorial import lessons as common  # noqa: E402
+from ddp_tutorial.lessons import data_sync as lessons, teardown  # noqa: E402
 from ddp_tutorial import plots  # noqa: E402
-from ddp_tutorial.metrics import Run  # noqa: E402
-from ddp_tutorial.scripts import sampler_demo  # noqa: E402
-from ddp_tutorial import original  # noqa: E402
+from ddp_tutorial.runfolder import Run  # noqa: E402
+from ddp_tutorial.lessons.data_sync.workers import sampler_demo  # noqa: E402
+from ddp_tutorial.rank import original  # noqa: E402
 
 # Sizes unlike the notebook's, so nothing depends on its numbers.
 WORLD, SIZE, EPOCHS, PAD_SIZE, SEED = 3, 12, 2, 10, 0
@@ -56,7 +57,7 @@ def accumulation_runs(launch_in_tmp):
 
 @pytest.fixture(scope="module")
 def teardown_run(launch_in_tmp):
-    return launch_in_tmp(lessons.run_teardown_demo, world_size=2, echo="none")
+    return launch_in_tmp(teardown.run_teardown_demo, world_size=2, echo="none")
 
 
 # -- sampler_demo.py ---------------------------------------------------------------
@@ -179,7 +180,7 @@ def test_straggler_wait_cancels_inside_a_window(tmp_path):
 
 # -- teardown ------------------------------------------------------------------------
 def test_second_init_fails_until_destroy(teardown_run):
-    results = lessons.teardown_results(teardown_run)
+    results = teardown.teardown_results(teardown_run)
     assert sorted(results) == [0, 1]
     for result in results.values():
         assert result["second_init_error"]["type"] == "ValueError"
@@ -188,21 +189,21 @@ def test_second_init_fails_until_destroy(teardown_run):
 
 
 def test_nothing_is_left_after_a_run(teardown_run):
-    after = lessons.leftovers(teardown_run)
+    after = common.leftovers(teardown_run)
     assert len(after["pids"]) == 2 and after["alive_pids"] == []
     assert after["port_free"]
 
 
 def test_port_check_and_worker_check():
-    with lessons.hold_port() as port:
-        assert not lessons.port_can_be_bound(port)
-    assert lessons.port_can_be_bound(port)
-    assert not lessons.worker_alive(os.getpid())  # alive, but not a launcher worker
-    assert not lessons.worker_alive(2 ** 22 + 1)  # above Linux's pid limit: no such process
+    with common.hold_port() as port:
+        assert not common.port_can_be_bound(port)
+    assert common.port_can_be_bound(port)
+    assert not common.worker_alive(os.getpid())  # alive, but not a launcher worker
+    assert not common.worker_alive(2 ** 22 + 1)  # above Linux's pid limit: no such process
 
 
 def test_a_surviving_gloo_rank_fails_at_once_when_its_peer_is_gone():
-    report = lessons.peer_gone(world_size=2, pg_timeout=60)
+    report = teardown.peer_gone(world_size=2, pg_timeout=60)
     assert report["error_type"] == "RuntimeError", report
     assert "peer" in report["error"].lower(), report  # "Connection closed by peer" / "reset by peer"
     assert report["seconds_to_error"] < report["pg_timeout_s"] / 10, report
@@ -225,5 +226,5 @@ def test_crashing_rank_is_reported_and_nothing_survives(launch_in_tmp):
             1, "--fail-at-step", "3", "--fail-rank", "1", dataset_size=64), echo="none")
     crash = info.value
     assert crash.rank == 1 and "injected failure on rank 1 at step 3" in crash.traceback
-    after = lessons.leftovers(crash.run)
+    after = common.leftovers(crash.run)
     assert after["alive_pids"] == [] and after["port_free"]

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from ddp_tutorial import lessons_pitfalls as lessons  # noqa: E402
+from ddp_tutorial.lessons import pitfalls as lessons  # noqa: E402
 from ddp_tutorial import plots  # noqa: E402
 
 TIMEOUT = 180  # a busy 2-core machine: a deadline, not an expectation

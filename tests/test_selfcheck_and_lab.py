@@ -5,6 +5,7 @@ import json
 import pytest
 
 from ddp_tutorial import bench, selfcheck
+from ddp_tutorial.perf import measure
 
 
 def _notebook(path, source):
@@ -44,7 +45,7 @@ def test_bench_cli_refuses_busy_core_without_notebooks(capsys):
 
 
 def test_gradient_as_bucket_view_puts_every_grad_inside_a_bucket():
-    rows = bench.grad_view(world_size=2, steps=2)
+    rows = measure.grad_view(world_size=2, steps=2)
     assert len(rows) == 4
     for r in rows:
         assert r["bucket_bytes"] >= r["grad_bytes"] > 0

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import ddp_tutorial
-from ddp_tutorial import Run, config, launch, original, train
+from ddp_tutorial import Run, config, launch, train
+from ddp_tutorial.rank import original
 
 # 256 samples divide evenly by W*b*K = 16, so no sampler padding duplicates samples.
 COMMON = ["--dataset-size", "256", "--epochs", "2", "--seed", "3", "--lr", "0.05"]

@@ -1,6 +1,8 @@
 """Figures of lesson 08, the pitfalls lab: one helper per figure, each returns its ``Axes``.
 
-Each takes a summary from ``ddp_tutorial.lessons_pitfalls``.
+Each takes the summary that ``ddp_tutorial.lessons.pitfalls`` computes for its
+pitfall (named in the helper's docstring), an optional ``ax`` to draw on (a new
+figure if None) and an optional ``title``.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from typing import List, Optional
 
 import matplotlib.pyplot as plt
 
-from ddp_tutorial.plots.lessons_init_wrap import _finish
+from ddp_tutorial.plots.init_wrap import _finish
 from ddp_tutorial.plots.training import _axes
 
 
@@ -17,10 +19,7 @@ def plot_batchnorm_stats(summary: dict, ax: Optional[plt.Axes] = None,
                          title: Optional[str] = None) -> plt.Axes:
     """Running mean per channel: one process on the global batch, each rank alone, the fix.
 
-    Args:
-        summary: ``lessons_pitfalls.batchnorm_summary``.
-        ax: axes to draw on (new figure if None).
-        title: the title.
+    ``summary``: from ``batchnorm_summary``.
     """
     ax = _axes(ax, figsize=(7, 3.2))
     fix = "syncbn" if "errors" not in summary["syncbn"] else "allreduce"
@@ -42,10 +41,7 @@ def plot_batchnorm_stats(summary: dict, ax: Optional[plt.Axes] = None,
 def plot_unused_cost(summary: dict, ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
     """Median time per step of each DDP wrapping, CPU and wall clock, with quartiles.
 
-    Args:
-        summary: ``lessons_pitfalls.unused_summary``.
-        ax: axes to draw on (new figure if None).
-        title: the title.
+    ``summary``: from ``unused_summary``.
     """
     ax = _axes(ax, figsize=(7, 3.2))
     cost = summary["cost"]
@@ -65,10 +61,7 @@ def plot_unused_cost(summary: dict, ax: Optional[plt.Axes] = None, title: Option
 def plot_eval_error(rows: List[dict], ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
     """How far each way of combining the ranks' accuracies lands from the true accuracy, per set size.
 
-    Args:
-        rows: ``lessons_pitfalls.evaluation_rows``.
-        ax: axes to draw on (new figure if None).
-        title: the title.
+    ``rows``: from ``evaluation_rows``.
     """
     ax = _axes(ax, figsize=(7, 3.2))
     sizes = [r["size"] for r in rows]
@@ -87,10 +80,7 @@ def plot_eval_error(rows: List[dict], ax: Optional[plt.Axes] = None, title: Opti
 def plot_lr_curves(summary: dict, ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
     """Loss on the whole set against samples seen: one process, W ranks with the lr kept, and scaled.
 
-    Args:
-        summary: ``lessons_pitfalls.lr_summary``.
-        ax: axes to draw on (new figure if None).
-        title: the title.
+    ``summary``: from ``lr_summary``.
     """
     ax = _axes(ax, figsize=(7, 3.2))
     s, w = summary, summary["world_size"]
@@ -107,10 +97,7 @@ def plot_lr_curves(summary: dict, ax: Optional[plt.Axes] = None, title: Optional
 def plot_clipping_drift(summary: dict, ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
     """Largest parameter difference from one process on the global batch, per optimizer step.
 
-    Args:
-        summary: ``lessons_pitfalls.clipping_summary``.
-        ax: axes to draw on (new figure if None).
-        title: the title.
+    ``summary``: from ``clipping_summary``.
     """
     ax = _axes(ax, figsize=(7, 3.2))
     for key, label, style in (("right", "clip once, after the all-reduce", "o-"),

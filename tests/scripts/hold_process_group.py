@@ -10,7 +10,7 @@ import time
 
 import torch.distributed as dist
 
-from ddp_tutorial.metrics import report
+from ddp_tutorial.runfolder import report
 
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 report({"joined": True, "master_port": int(os.environ["MASTER_PORT"])})

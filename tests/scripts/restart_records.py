@@ -7,10 +7,10 @@ import os
 import sys
 import time
 
-from ddp_tutorial.metrics import MetricsWriter, report, restart_attempt
+from ddp_tutorial.runfolder import MetricsWriter, rank_run_dir, report, restart_attempt
 
 attempt, rank = restart_attempt(), int(os.environ["RANK"])
-run_dir = os.environ["DDP_TUTORIAL_RUN_DIR"]
+run_dir = rank_run_dir()
 writer = MetricsWriter(run_dir, rank, fresh=attempt == 0)
 for step in (range(0, 4) if attempt == 0 else range(2, 6)):
     writer.write({"kind": "step", "rank": rank, "step": step})

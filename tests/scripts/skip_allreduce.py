@@ -5,7 +5,7 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from ddp_tutorial.metrics import report
+from ddp_tutorial.runfolder import report
 
 # A long process-group timeout: only the launcher's deadline may end this run.
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))

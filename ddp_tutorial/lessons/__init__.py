@@ -1,0 +1,112 @@
+"""Lesson helpers shared by several notebooks; each notebook (or pair) has its own module beside this.
+
+Who runs where, from the names alone: the modules in ``lessons/`` run in the
+notebook kernel and import no torch; each ``workers/`` folder holds the scripts
+its lesson starts on the ranks with ``launch``.
+
+    lessons/                  this module: the original's mistakes (00), reading scripts, leftovers
+    lessons/init_wrap/        notebooks 01-02: init_process_group, the DDP wrap
+    lessons/data_sync/        notebooks 03-04: DistributedSampler, no_sync accumulation
+    lessons/teardown/         notebook 05: destroy_process_group, crashes, leftovers
+    lessons/beyond/           notebook 07: uneven inputs with Join, the GPU check
+    lessons/pitfalls/         notebook 08: the pitfalls lab
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import os
+import socket
+from typing import Dict, Iterator, List, Optional, Sequence
+
+from ddp_tutorial import config
+from ddp_tutorial.launcher import BOOTSTRAP
+from ddp_tutorial.runfolder import Run
+
+# -- Notebook 00: the original demo's mistakes -----------------------------------
+#: One mistake of the original demo (``config.Mistake``): name, what, fix, notebooks, function.
+Mistake = config.Mistake
+
+
+def mistakes() -> List[Mistake]:
+    """Every mistake of the original demo, from the one list ``config.MISTAKES``."""
+    return list(config.MISTAKES)
+
+
+def format_mistakes(rows: Optional[Sequence[Mistake]] = None) -> str:
+    """The mistakes as an aligned text table (name, measured in notebook, what goes wrong)."""
+    rows = mistakes() if rows is None else rows
+    width = max(len(m.name) for m in rows)
+    lines = [f"{'mistake':<{width}}  notebook  what goes wrong"]
+    lines += [f"{m.name:<{width}}  {m.notebooks:<8}  {m.what}" for m in rows]
+    return "\n".join(lines)
+
+
+# -- Per-rank results of a lesson script ------------------------------------------
+def rank_results(run, part: Optional[str] = None) -> Dict[int, List[dict]]:
+    """Per rank, the records its script reported (only those of ``part``, if given)."""
+    return {rank: [rec for rec in run.results(rank) if part is None or rec.get("part") == part]
+            for rank in range(run.world_size)}
+
+
+# -- Show a lesson script's code without running it in the kernel ----------------
+def script_source(path: str, name: str) -> str:
+    """The source of function ``name`` in the script file ``path``, read, not imported.
+
+    Importing a lesson script would import torch (and run its top-level code) in
+    the notebook kernel; reading it costs nothing.
+    """
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            return ast.get_source_segment(text, node)
+    raise ValueError(f"no function {name!r} in {path}")
+
+
+# -- What a launch leaves behind (notebooks 01 and 05) ----------------------------
+def worker_alive(pid: int) -> bool:
+    """Is ``pid`` still a running launcher worker (not just any process that reused the pid)?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process now has this pid
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return BOOTSTRAP.encode() in f.read()
+    except OSError:  # no /proc (not Linux) or it just exited: trust os.kill
+        return True
+
+
+def port_can_be_bound(port: int, host: str = "127.0.0.1") -> bool:
+    """Can a new server listen on ``port`` now, as the next rendezvous store would?
+
+    SO_REUSEADDR, as TCPStore sets it: closed connections lingering in
+    TIME_WAIT do not block a new listener, a process still listening does.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            s.listen()
+        except OSError:
+            return False
+    return True
+
+
+def leftovers(run: Run) -> Dict[str, object]:
+    """After a launch: worker pids still alive, and whether its master port is free again."""
+    return {"pids": list(run.pids), "alive_pids": [pid for pid in run.pids if worker_alive(pid)],
+            "master_port": run.master_port, "port_free": port_can_be_bound(run.master_port)}
+
+
+@contextlib.contextmanager
+def hold_port(host: str = "127.0.0.1") -> Iterator[int]:
+    """Listen on a free port for the duration of the ``with`` block, as a job that still runs would."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        s.listen()
+        yield s.getsockname()[1]

@@ -1,0 +1,297 @@
+"""Notebook helpers of lessons 03 and 04: the DistributedSampler, no_sync accumulation.
+
+Each notebook cell calls one of these; they launch the lesson scripts, and turn
+a ``Run`` into the numbers the notebooks print and assert. Importing this
+module imports no torch (``params_match`` and ``show_sync_schedule`` import it when called).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Dict, List, Optional, Sequence
+
+from ddp_tutorial import TRAIN_SCRIPT
+from ddp_tutorial.launcher import launch, scripts_path
+from ddp_tutorial.runfolder import Run
+
+SAMPLER_SCRIPT = scripts_path("sampler_demo.py")
+
+
+# -- Lesson 03: DistributedSampler ----------------------------------------------
+def run_sampler_demo(world_size: int = 4, dataset_size: int = 24, epochs: int = 3,
+                     padding_size: int = 10, echo: str = "rank0", timeout: float = 60.0) -> Run:
+    """Launch ``sampler_demo.py``: each rank reports its orders, padding and data fingerprints.
+
+    Args:
+        world_size: number of ranks.
+        dataset_size: samples in the dataset whose per-epoch orders are shown.
+        epochs: epochs to draw orders for.
+        padding_size: samples in the dataset of the padding example (not divisible by ``world_size``).
+        echo: which ranks' output to print.
+        timeout: seconds before the launch counts as hung.
+    """
+    return launch(SAMPLER_SCRIPT, world_size, ["--dataset-size", dataset_size, "--epochs", epochs,
+                                               "--padding-size", padding_size],
+                  echo=echo, timeout=timeout)
+
+
+def sampler_orders(run: Run, set_epoch: bool = True) -> List[Dict[int, List[int]]]:
+    """Per epoch, rank -> the sample indices its sampler yielded, in order."""
+    key = "orders_set_epoch" if set_epoch else "orders_no_set_epoch"
+    per_rank = {rank: run.result(rank, key) for rank in run.ranks}
+    epochs = len(per_rank[run.ranks[0]])
+    return [{rank: per_rank[rank][epoch] for rank in run.ranks} for epoch in range(epochs)]
+
+
+def orders_repeat(orders: Sequence[Dict[int, List[int]]]) -> bool:
+    """True if every epoch hands every rank exactly the order of epoch 0."""
+    return all(epoch == orders[0] for epoch in orders[1:])
+
+
+def shards_partition(orders: Sequence[Dict[int, List[int]]], dataset_size: int) -> List[bool]:
+    """Per epoch: are the ranks' index sets disjoint, and together the whole dataset?"""
+    result = []
+    for epoch in orders:
+        everything = [i for indices in epoch.values() for i in indices]
+        result.append(len(everything) == len(set(everything)) and set(everything) == set(range(dataset_size)))
+    return result
+
+
+def print_orders(orders: Sequence[Dict[int, List[int]]], title: str) -> None:
+    """One line per (epoch, rank): the indices in the order the rank sees them."""
+    print(title)
+    for epoch, per_rank in enumerate(orders):
+        for rank, indices in per_rank.items():
+            print(f"  epoch {epoch} rank {rank}: {indices}")
+
+
+def padding_report(run: Run) -> Dict[str, object]:
+    """What the sampler does with a dataset the world size does not divide.
+
+    Returns:
+        ``dataset_size``, ``world_size``, per-rank indices with ``drop_last=False``
+        (``kept``) and ``drop_last=True`` (``dropped_run``), the number of
+        ``duplicated`` samples (seen twice in one epoch) and of ``dropped`` samples
+        (never seen), and what the sampler's arithmetic predicts for both.
+    """
+    pads = {rank: run.result(rank, "padding") for rank in run.ranks}
+    size, world_size = pads[run.ranks[0]]["dataset_size"], len(run.ranks)
+    kept = {rank: p["drop_last_false"] for rank, p in pads.items()}
+    trimmed = {rank: p["drop_last_true"] for rank, p in pads.items()}
+    kept_all = [i for indices in kept.values() for i in indices]
+    trimmed_all = [i for indices in trimmed.values() for i in indices]
+    return {
+        "dataset_size": size, "world_size": world_size,
+        "kept": kept, "drop_last": trimmed,
+        "duplicated": len(kept_all) - len(set(kept_all)),
+        "missing_with_padding": size - len(set(kept_all)),
+        "dropped": size - len(set(trimmed_all)),
+        "duplicated_in_drop_last": len(trimmed_all) - len(set(trimmed_all)),
+        # DistributedSampler: ceil(N / W) per rank, padded with repeats; or floor(N / W) with drop_last
+        "expected_duplicated": math.ceil(size / world_size) * world_size - size,
+        "expected_dropped": size - (size // world_size) * world_size,
+    }
+
+
+def print_padding(report: Dict[str, object]) -> None:
+    """The padding example as a small table, one line per rank."""
+    size, world_size = report["dataset_size"], report["world_size"]
+    print(f"{size} samples over {world_size} ranks")
+    for rank in report["kept"]:
+        print(f"  rank {rank}: drop_last=False -> {report['kept'][rank]!s:<14} "
+              f"drop_last=True -> {report['drop_last'][rank]}")
+    print(f"drop_last=False: every rank gets ceil({size}/{world_size}) = {math.ceil(size / world_size)}; "
+          f"{report['duplicated']} sample(s) appear twice this epoch")
+    print(f"drop_last=True:  every rank gets floor({size}/{world_size}) = {size // world_size}; "
+          f"{report['dropped']} sample(s) are never seen this epoch")
+
+
+def dataset_fingerprints(run: Run, per_rank_bug: bool) -> Dict[int, Dict[str, object]]:
+    """rank -> digest, first input row and input sum of the dataset that rank built."""
+    key = "data_per_rank" if per_rank_bug else "data_shared"
+    return {rank: run.result(rank, key) for rank in run.ranks}
+
+
+def print_fingerprints(run: Run) -> None:
+    """Side by side: the dataset each rank builds with one shared seed, and with per-rank data."""
+    for per_rank_bug, label in ((False, "shared seed (train.make_dataset)"),
+                                (True, "per-rank random data (the original demo)")):
+        print(label)
+        for rank, fp in dataset_fingerprints(run, per_rank_bug).items():
+            print(f"  rank {rank}: digest {fp['digest']}  sum of inputs {fp['input_sum']:>9.4f}  "
+                  f"sample 0 starts {fp['first_row']}")
+
+
+def distinct_datasets(run: Run, per_rank_bug: bool) -> int:
+    """How many different datasets the ranks built (1 means they share one)."""
+    return len({fp["digest"] for fp in dataset_fingerprints(run, per_rank_bug).values()})
+
+
+# -- Lesson 04: no_sync and gradient accumulation -------------------------------
+def train_args(accum_steps: int, *extra, batch_size: int = 4, dataset_size: int = 256,
+               straggler_ms: float = 0.0, epochs: int = 1) -> List[str]:
+    """Flags for ``train.py``: a tiny run of ``epochs`` over ``dataset_size`` samples."""
+    args = ["--epochs", epochs, "--dataset-size", dataset_size, "--batch-size", batch_size,
+            "--accum-steps", accum_steps, "--straggler-ms", straggler_ms, *extra]
+    return [str(a) for a in args]
+
+
+def train(world_size: int, args: Sequence[str], echo: str = "rank0", timeout: float = 120.0) -> Run:
+    """Launch ``train.py`` on ``world_size`` ranks with ``args``."""
+    return launch(TRAIN_SCRIPT, world_size, args, echo=echo, timeout=timeout)
+
+
+def num_buckets(run: Run, rank: int = 0) -> int:
+    """Gradient buckets DDP all-reduces per sync (after its first-iteration rebuild).
+
+    In its first backward DDP puts every gradient in one bucket (it does not yet
+    know the order in which they become ready); from the second on it uses
+    buckets rebuilt in that order, so with a small ``--bucket-cap-mb`` the
+    first sync has fewer all-reduces than the later ones. The tutorial model
+    (12 KB of gradients) has one bucket with any cap above that.
+    """
+    logging = run.summaries[rank]["ddp_logging"]
+    sizes = logging.get("rebuilt_bucket_sizes") or logging.get("bucket_sizes")
+    return len([s for s in str(sizes).split(",") if s.strip()])
+
+
+def allreduce_table(runs: Dict[str, Run], rank: int = 0) -> List[Dict[str, object]]:
+    """Per run: micro-steps, optimizer steps, bucket all-reduces, and all-reduces per optimizer step."""
+    rows = []
+    for label, run in runs.items():
+        calls, opt_steps = run.allreduce_calls(rank), run.optimizer_steps(rank)
+        rows.append({"run": label, "micro_steps": len(run.steps[rank]), "optimizer_steps": opt_steps,
+                     "allreduces": calls, "buckets": num_buckets(run, rank),
+                     "allreduces_per_optimizer_step": calls / opt_steps})
+    return rows
+
+
+def print_table(rows: List[Dict[str, object]]) -> None:
+    """Rows of dicts as aligned columns."""
+    keys = list(rows[0])
+    widths = {k: max(len(k), *(len(_fmt(r[k])) for r in rows)) for k in keys}
+    print("  ".join(k.rjust(widths[k]) for k in keys))
+    for r in rows:
+        print("  ".join(_fmt(r[k]).rjust(widths[k]) for k in keys))
+
+
+def _fmt(value) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def optimizer_step_micros(run: Run, rank: int = 0) -> List[int]:
+    """Micro-batch indices (within the epoch) after which ``rank`` stepped the optimizer."""
+    return [rec["micro"] for rec in run.steps[rank] if rec["optimizer_step"]]
+
+
+def planned_step_micros(num_batches: int, accum_steps: int, bug: bool = False) -> List[int]:
+    """Micro-batch indices after which ``train.sync_schedule`` (``original.sync_schedule`` with
+    ``bug``) plans an optimizer step."""
+    from ddp_tutorial import train
+    from ddp_tutorial.rank import original
+
+    schedule = (original if bug else train).sync_schedule
+    return [i for i, sync in enumerate(schedule(num_batches, accum_steps)) if sync]
+
+
+def show_sync_schedule(num_batches: int, accum_steps: int) -> None:
+    """The plan of ``train.sync_schedule`` beside the original's off-by-one (``original.sync_schedule``)."""
+    from ddp_tutorial import train
+    from ddp_tutorial.rank import original
+
+    for bug in (True, False):
+        plan = (original if bug else train).sync_schedule(num_batches, accum_steps)
+        marks = "".join("S" if sync else "." for sync in plan)
+        print(f"{'original (i % K == 0)' if bug else 'fixed (last of each K)':<24} {marks}   "
+              f"steps after micro-batches {planned_step_micros(num_batches, accum_steps, bug)}")
+    print("S = sync and optimizer step, . = accumulate under no_sync")
+
+
+def params_match(state_a, state_b, atol: float = 1e-5) -> bool:
+    """Do two state_dicts hold the same tensors, up to ``atol``?"""
+    import torch
+
+    return state_a.keys() == state_b.keys() and all(
+        torch.allclose(state_a[k], state_b[k], atol=atol) for k in state_a)
+
+
+def max_param_difference(state_a, state_b) -> float:
+    """Largest absolute difference between matching tensors of two state_dicts."""
+    return max(float((state_a[k] - state_b[k]).abs().max()) for k in state_a)
+
+
+def sync_seconds_per_micro_step(run: Run, rank: Optional[int] = None) -> float:
+    """Total sync time over all micro-steps (of ``rank``, or of every rank), per micro-step."""
+    ranks = run.ranks if rank is None else [rank]
+    total = sum(s["sync_s"] for r in ranks for s in run.steps[r])
+    return total / sum(len(run.steps[r]) for r in ranks)
+
+
+def straggler_wait_seconds(run: Run) -> float:
+    """The wait the straggler delays alone force, summed over sync steps (no all-reduce cost).
+
+    At each sync the ranks meet; the delay a rank has built up since the last
+    sync is the sum of its sleeps in that window, and every rank waits for the
+    largest. With K micro-steps per window, delays of opposite sign cancel
+    inside the window, so this never exceeds the K=1 figure for the same delays.
+    """
+    total, since_sync = 0.0, {r: 0.0 for r in run.ranks}
+    for records in zip(*(run.steps[r] for r in run.ranks)):
+        for rec in records:
+            since_sync[rec["rank"]] += rec["straggler_s"]
+        if records[0]["allreduce_calls"]:  # the ranks met in an all-reduce here
+            slowest = max(since_sync.values())
+            total += sum(slowest - d for d in since_sync.values())
+            since_sync = {r: 0.0 for r in run.ranks}
+    return total
+
+
+def sync_alignment(run: Run) -> Dict[str, float]:
+    """Over the steps that all-reduced: median spread between ranks of sync start and of sync end (ms).
+
+    The ranks reach the all-reduce at different times (arrival) but leave it
+    together (departure): the all-reduce ends when the slowest rank joins.
+    """
+    arrival, departure = [], []
+    for records in zip(*(run.steps[r] for r in run.ranks)):
+        if any(rec["sync_offset_s"] is None for rec in records):  # no all-reduce in this step
+            continue
+        starts = [rec["t_start"] + rec["sync_offset_s"] for rec in records]
+        ends = [start + rec["sync_s"] for start, rec in zip(starts, records)]
+        arrival.append(max(starts) - min(starts))
+        departure.append(max(ends) - min(ends))
+    return {"median_arrival_spread_ms": 1e3 * statistics.median(arrival),
+            "median_departure_spread_ms": 1e3 * statistics.median(departure),
+            "sync_steps": len(arrival)}
+
+
+# -- Lesson 04: which micro-batches a step schedule applies -----------------------
+SCHEDULE_SCRIPT = scripts_path("schedule_demo.py")
+
+
+def run_schedule_demo(bug: bool, micro_per_epoch: int = 6, accum_steps: int = 4, epochs: int = 2,
+                      world_size: int = 2, timeout: float = 60.0) -> Dict[str, object]:
+    """Launch ``schedule_demo.py``: per optimizer step, exactly which micro-batches it applied.
+
+    Returns rank 0's report: ``steps`` (``epoch``, ``micro``, ``applied`` as
+    ``[rank, epoch, micro]`` lists) and ``lost`` (per rank, micro-batches never applied).
+    """
+    args = ["--micro", str(micro_per_epoch), "--accum-steps", str(accum_steps), "--epochs", str(epochs)]
+    run = launch(SCHEDULE_SCRIPT, world_size, args + ["--bug"] * bug, echo="none", timeout=timeout)
+    return run.results(0)[-1]
+
+
+def applied_micro_batches(report: Dict[str, object], rank: int = 0) -> List[List[tuple]]:
+    """Per optimizer step, the ``(epoch, micro)`` of ``rank`` it applied."""
+    return [sorted((e, m) for r, e, m in step["applied"] if r == rank) for step in report["steps"]]
+
+
+def print_schedule_demo(report: Dict[str, object], title: str) -> None:
+    """One line per optimizer step: after which micro-batch, and the micro-batches in it."""
+    print(title)
+    for step, applied in zip(report["steps"], applied_micro_batches(report)):
+        names = ", ".join(f"e{e}:{m}" for e, m in applied)
+        print(f"  step after epoch {step['epoch']} micro {step['micro']}: applies {names}")
+    lost = sorted((e, m) for r, e, m in report["lost"][0])
+    print(f"  never applied: {', '.join(f'e{e}:{m}' for e, m in lost) or 'nothing'}")

@@ -1,0 +1,200 @@
+"""Notebook helpers of lessons 01 and 02: init_process_group and the DDP wrap.
+
+Each helper launches a script of ``lessons/init_wrap/workers`` or turns a
+``Run`` into tidy rows, so a notebook cell stays one call. No torch is imported here.
+
+    sweep = init_sweep((1, 2, 4))                 # notebook 01: init time vs world size
+    run = run_wrap_demo()                         # notebook 02: broadcast, gradients, buckets
+    rows = bucket_rows(run)
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Sequence
+
+from ddp_tutorial.launcher import LaunchError, LaunchTimeout, WorkerError, launch, port_taken, scripts_path
+from ddp_tutorial.lessons import hold_port, rank_results
+
+INIT_SCRIPT = scripts_path("init_demo.py")
+WRAP_SCRIPT = scripts_path("wrap_demo.py")
+
+
+# -- Notebook 01: init_process_group -------------------------------------------
+def run_init_demo(world_size: int, threads: int = 1, echo: str = "none", **launch_kwargs):
+    """Launch ``init_demo.py`` (time init, all_reduce rank + 1) and return its ``Run``.
+
+    Args:
+        world_size: number of ranks.
+        threads: torch threads per rank (0: torch's default).
+        echo: which ranks' output to print.
+        **launch_kwargs: passed to ``launch`` (e.g. ``timeout``, ``env``, ``master_port``).
+    """
+    launch_kwargs.setdefault("timeout", 60)
+    return launch(INIT_SCRIPT, world_size, ["--threads", str(threads)], echo=echo, **launch_kwargs)
+
+
+def init_rows(run) -> List[dict]:
+    """One row per rank: its init time split into waiting for peers and setting up.
+
+    ``wait_s`` runs from this rank's call to the last rank's call (with gloo
+    nobody can finish before everyone has arrived); ``setup_s`` from that last
+    arrival to this rank's return: the store handshake and the backend's connections.
+    """
+    results = {rank: recs[-1] for rank, recs in rank_results(run).items()}
+    last_arrival = max(r["arrive_time"] for r in results.values())
+    rows = []
+    for rank, r in sorted(results.items()):
+        rows.append({"rank": rank, "world_size": r["world_size"], "init_s": r["init_s"],
+                     "wait_s": last_arrival - r["arrive_time"], "setup_s": r["done_time"] - last_arrival,
+                     "all_reduce_sum": r["all_reduce_sum"], "torch_threads": r["torch_threads"],
+                     "default_threads": r["default_threads"], "cpu_count": r["cpu_count"],
+                     "default_pg_timeout_s": r["default_pg_timeout_s"],
+                     "default_pg_nccl_timeout_s": r["default_pg_nccl_timeout_s"]})
+    return rows
+
+
+def init_sweep(world_sizes: Sequence[int] = (1, 2, 4), echo: str = "none") -> Dict[int, List[dict]]:
+    """Run ``init_demo.py`` once per world size; per world size, the ``init_rows``."""
+    return {w: init_rows(run_init_demo(w, echo=echo)) for w in world_sizes}
+
+
+def format_init_sweep(sweep: Dict[int, List[dict]]) -> str:
+    """One line per rank and world size: all_reduce result and init time."""
+    lines = []
+    for world_size, rows in sweep.items():
+        expected = world_size * (world_size + 1) // 2
+        for r in rows:
+            lines.append(f"world_size {world_size}, rank {r['rank']}: all_reduce(rank + 1) = "
+                         f"{r['all_reduce_sum']:g} (sum = {expected}); init {r['init_s'] * 1e3:6.1f} ms = "
+                         f"wait {r['wait_s'] * 1e3:6.1f} + setup {r['setup_s'] * 1e3:5.1f}")
+    return "\n".join(lines)
+
+
+def format_threads(rows: List[dict]) -> str:
+    """Per rank of one ``init_rows`` result: threads it runs, torch's default, CPUs; then totals."""
+    lines = [f"rank {r['rank']}: runs {r['torch_threads']} torch thread(s); torch's default would be "
+             f"{r['default_threads']}; the machine has {r['cpu_count']} CPU(s)" for r in rows]
+    lines.append(f"{len(rows)} ranks with torch's default: {sum(r['default_threads'] for r in rows)} threads "
+                 f"for {rows[0]['cpu_count']} CPU(s); with the launcher's setting: "
+                 f"{sum(r['torch_threads'] for r in rows)}")
+    return "\n".join(lines)
+
+def launch_wrong_world_size(world_size: int = 2, claimed: int = 3, timeout: float = 15.0) -> LaunchTimeout:
+    """Start ``world_size`` ranks that each believe WORLD_SIZE is ``claimed``.
+
+    init waits for ranks that never come, so the launch ends in ``LaunchTimeout``
+    after ``timeout`` s. The deadline must leave the ranks time to import torch
+    and reach ``init_process_group`` first: seconds on a busy shared machine. Returns that error (caught here, so a notebook checks
+    this launch's error and no other); raises RuntimeError if the launch did not time out.
+    """
+    try:
+        run_init_demo(world_size, echo="all", env={"WORLD_SIZE": str(claimed)}, timeout=timeout)
+    except LaunchTimeout as err:
+        return err
+    raise RuntimeError(f"{world_size} ranks told WORLD_SIZE={claimed} finished: expected a LaunchTimeout")
+
+
+def ranks_stuck_in_init(err: LaunchError) -> List[int]:
+    """Ranks whose output shows they called init_process_group and never returned from it."""
+    return [rank for rank, lines in sorted(err.run.output.items())
+            if any("calling init_process_group" in line for line in lines)
+            and not any("init_process_group returned" in line for line in lines)]
+
+
+def port_clash(world_size: int = 2, timeout: float = 60.0):
+    """Launch with ``master_port`` fixed to a port another program already listens on.
+
+    A plain listening socket stands in for another job's store (like a second
+    run of the original demo on its hard-coded 12345). Rank 0 cannot host the
+    store there, so the launch fails fast.
+
+    Returns:
+        (port, the ``WorkerError`` raised by ``launch``).
+    """
+    with hold_port() as port:
+        try:
+            run_init_demo(world_size, master_port=port, timeout=timeout)
+        except WorkerError as err:
+            return port, err
+    raise RuntimeError(f"the launch on port {port}, already taken, did not fail")
+
+
+def is_address_in_use(err: WorkerError) -> bool:
+    """Whether a rank failed because its port was taken (EADDRINUSE)."""
+    return port_taken(err.traceback)
+
+
+# -- Notebook 02: DDP(model) ---------------------------------------------------
+def run_wrap_demo(world_size: int = 2, bucket_caps: Sequence[float] = (25, 1, 0.5, 0.25, 0.1),
+                  echo: str = "rank0", **launch_kwargs):
+    """Launch ``wrap_demo.py``: broadcast at construction, gradient averaging, buckets.
+
+    Args:
+        world_size: number of ranks.
+        bucket_caps: ``bucket_cap_mb`` values to try on the deep model.
+        echo: which ranks' output to print.
+        **launch_kwargs: passed to ``launch`` (e.g. ``timeout``, ``run_dir``).
+    """
+    launch_kwargs.setdefault("timeout", 120)
+    args = ["--bucket-caps", *[str(c) for c in bucket_caps]]
+    return launch(WRAP_SCRIPT, world_size, args, echo=echo, **launch_kwargs)
+
+
+def broadcast_rows(run) -> List[dict]:
+    """Per rank: parameter checksum and digest before and after ``DDP(model)``."""
+    return [{"rank": rank, **{k: v for k, v in recs[-1].items() if k not in ("kind", "rank", "part")}}
+            for rank, recs in rank_results(run, "broadcast").items()]
+
+
+def format_broadcast(rows: List[dict]) -> str:
+    """One line per rank: checksum and short digest before and after the wrap."""
+    return "\n".join(f"rank {r['rank']}: checksum before {r['checksum_before']:+.6f} "
+                     f"(digest {r['digest_before'][:12]}), after {r['checksum_after']:+.6f} "
+                     f"(digest {r['digest_after'][:12]})" for r in rows)
+
+
+def gradient_check(run) -> dict:
+    """Rank 0's comparison of the DDP gradient with one process on the whole batch,
+    plus every rank's gradient checksum (they must agree: all ranks hold the average)."""
+    per_rank = rank_results(run, "gradient")
+    check = {k: v for k, v in per_rank[0][-1].items() if k not in ("kind", "rank", "part")}
+    check["grad_checksums"] = [recs[-1]["grad_checksum"] for _, recs in sorted(per_rank.items())]
+    return check
+
+
+def bucket_rows(run, model: str = "deep", rank: int = 0) -> List[dict]:
+    """Per ``bucket_cap_mb`` tried on ``model``: buckets and all-reduces.
+
+    ``model`` is "deep" (one row per cap tried), "deep, DDP default" (the deep
+    model wrapped without ``bucket_cap_mb``; its cap is None) or "Model" (the
+    tutorial model, DDP's default buckets).
+
+    ``allreduces_first`` counts the first backward (DDP's initial buckets);
+    ``allreduces_per_step`` the later ones, after DDP rebuilt its buckets in
+    the order the gradients became ready.
+    """
+    rows = []
+    for rec in rank_results(run, "buckets")[rank]:
+        if rec["model"] != model:
+            continue
+        later = rec["allreduces_per_step"][1:]
+        rows.append({"bucket_cap_mb": rec["bucket_cap_mb"], "param_bytes": rec["param_bytes"],
+                     "bucket_sizes": rec["bucket_sizes"], "rebuilt_bucket_sizes": rec["rebuilt_bucket_sizes"],
+                     "num_buckets": len(rec["rebuilt_bucket_sizes"]),
+                     "allreduces_first": rec["allreduces_per_step"][0],
+                     "allreduces_per_step": later[-1] if later else rec["allreduces_per_step"][0],
+                     "allreduces_all_steps": rec["allreduces_per_step"]})
+    return rows
+
+
+def format_buckets(rows: List[dict]) -> str:
+    """One line per bucket cap: bucket count, sizes in KiB, all-reduces of each backward."""
+    lines = []
+    for r in rows:
+        sizes = ", ".join(f"{s / 1024:.0f}" for s in r["rebuilt_bucket_sizes"])
+        cap = "None" if r["bucket_cap_mb"] is None else f"{r['bucket_cap_mb']:g}"
+        lines.append(f"bucket_cap_mb={cap:<5} {r['num_buckets']} bucket(s) [{sizes}] KiB; "
+                     f"all-reduces per backward: {r['allreduces_all_steps']}")
+    return "\n".join(lines)
+
+

@@ -1,0 +1,188 @@
+"""Pitfall 1: BatchNorm under DDP. Whose statistics does each rank keep?
+
+    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_batchnorm.py
+    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('pitfall_batchnorm.py'), 2)"
+
+The model is Linear -> BatchNorm1d -> ReLU -> Linear. Every rank starts from the
+same seed and trains ``--steps`` SGD steps on its shard of the same global
+batches. One ``report`` per part and rank:
+
+- ``reference`` (rank 0): one plain process on each whole global batch: the
+  statistics every rank should end with.
+- ``no_sync``: plain BatchNorm, buffers not synchronised (``forward_sync_buffers=False``;
+  ``broadcast_buffers=False`` before torch 2.13): each rank's running statistics
+  come from its own shard only.
+- ``broadcast``: plain BatchNorm, DDP's default: at the start of every forward
+  DDP copies rank 0's buffers to every rank. ``forward_start_means`` are the
+  running means the BatchNorm layer sees as its forward starts, ``own_ema`` what
+  the running mean would be from this rank's own batches alone.
+- ``allreduce``: ``AllReduceBatchNorm1d``: the batch statistics of the global
+  batch, from one all-reduce of (count, sum, sum of squares) per forward.
+- ``syncbn``: ``nn.SyncBatchNorm.convert_sync_batchnorm``. It refuses CPU
+  tensors (``errors``: DDP's and the layer's own); with ``--device cuda`` (nccl, one GPU per rank) it trains.
+- ``env``: the torch version, the GPUs this rank sees, DDP's buffer-sync keyword.
+
+Each training part reports the final ``running_mean``, ``running_var``,
+``params`` and ``eval_out`` (the model in eval mode on a fixed validation batch).
+
+Flags: ``--steps 6 --batch-size 8 --lr 0.1 --seed 0 --device cpu`` (``cuda``: nccl, one GPU per rank).
+Also ``--pg-timeout 60``: seconds a collective may wait for the other ranks.
+"""
+
+import argparse
+import inspect
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+if __package__ in (None, ""):  # run as a file path: make the package importable
+    sys.path.insert(0, os.path.abspath(__file__).rsplit(os.sep + "ddp_tutorial" + os.sep, 1)[0])
+
+from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import (  # noqa: E402
+    first_line, flags, regression_batch, reporter, run, shard)
+
+report = reporter("batchnorm")
+
+D_IN, CHANNELS = 6, 4
+
+
+def parser() -> argparse.ArgumentParser:
+    p = flags(__doc__, steps=6, batch_size=8, lr=0.1)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    return p
+
+
+class AllReduceSum(torch.autograd.Function):
+    """Sum over ranks in forward; sum the gradients over ranks in backward.
+
+    Every rank's loss depends on every rank's contribution to the sum, so the
+    gradient of a contribution is the sum of all ranks' gradients of the result.
+    """
+
+    @staticmethod
+    def forward(ctx, t):
+        t = t.clone()
+        dist.all_reduce(t)
+        return t
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+
+
+def global_batch_stats(x: torch.Tensor):
+    """Mean, biased variance and sample count of ``x`` over the global batch: one all-reduce.
+
+    Each rank contributes (count, sum, sum of squares) of its own rows; their
+    sums over ranks give the statistics of all rows together.
+    """
+    local = torch.cat([x.new_tensor([x.shape[0]]), x.sum(0), (x * x).sum(0)])
+    total = AllReduceSum.apply(local)
+    channels = x.shape[1]
+    count, s, sq = total[0], total[1:1 + channels], total[1 + channels:]
+    mean = s / count
+    return mean, sq / count - mean * mean, count
+
+
+class AllReduceBatchNorm1d(nn.BatchNorm1d):
+    """BatchNorm1d with the global batch's statistics (what SyncBatchNorm does on GPUs)."""
+
+    def forward(self, x):
+        if not self.training:
+            return super().forward(x)
+        mean, var, count = global_batch_stats(x)
+        with torch.no_grad():  # the running statistics, updated as BatchNorm1d updates them
+            self.num_batches_tracked.add_(1)
+            self.running_mean.mul_(1 - self.momentum).add_(self.momentum * mean)
+            self.running_var.mul_(1 - self.momentum).add_(self.momentum * var * count / (count - 1))
+        return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
+
+
+def make_model(seed: int, norm=nn.BatchNorm1d) -> nn.Sequential:
+    torch.manual_seed(seed)  # the same init on every rank
+    return nn.Sequential(nn.Linear(D_IN, CHANNELS), norm(CHANNELS), nn.ReLU(), nn.Linear(CHANNELS, 1))
+
+
+def buffer_sync(flag: bool) -> dict:
+    """DDP's keyword for syncing buffers at every forward: renamed in torch 2.13."""
+    params = inspect.signature(DDP.__init__).parameters
+    return {"forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers": flag}
+
+
+def train_part(model, args, rank: int, world_size: int, device, sharded: bool = True) -> dict:
+    """Train ``--steps`` SGD steps; return the final statistics, parameters and eval outputs.
+
+    Args:
+        model: a DDP model (sharded) or a plain one (the whole global batch each step).
+        sharded: train on this rank's shard (DDP) or on the whole global batch (reference).
+    """
+    inner = model.module if isinstance(model, DDP) else model
+    bn = inner[1]
+    starts, batch_means = [], []
+
+    def record(module, inputs):  # runs after DDP's own pre-forward, i.e. after its buffer broadcast
+        starts.append(module.running_mean.tolist())
+        batch_means.append(inputs[0].detach().mean(0))
+
+    bn.register_forward_pre_hook(record)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    for step in range(args.steps):
+        x, y = regression_batch(args.seed, step, args.batch_size * world_size, D_IN)
+        if sharded:
+            x, y = shard(x, rank, world_size), shard(y, rank, world_size)
+        loss = nn.functional.mse_loss(model(x.to(device)), y.to(device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    own_ema = torch.zeros(CHANNELS, device=device)
+    for m in batch_means:  # what the running mean is if only this rank's batches count
+        own_ema = (1 - bn.momentum) * own_ema + bn.momentum * m
+    x_val, _ = regression_batch(args.seed, 10_000, 16, D_IN)
+    inner.eval()
+    with torch.no_grad():
+        eval_out = inner(x_val.to(device)).flatten()
+    return {"running_mean": bn.running_mean.tolist(), "running_var": bn.running_var.tolist(),
+            "params": torch.cat([p.detach().flatten() for p in inner.parameters()]).tolist(),
+            "eval_out": eval_out.tolist(), "forward_start_means": starts[:args.steps],
+            "own_ema": own_ema.tolist()}
+
+
+def body(args, rank: int, world_size: int) -> None:
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if args.device == "cuda" \
+        else torch.device("cpu")
+    ids = [device.index] if device.type == "cuda" else None
+    report({"part": "env", "torch": torch.__version__, "cuda_devices": torch.cuda.device_count(),
+            "buffer_sync_keyword": next(iter(buffer_sync(True))), "device": args.device})
+    if rank == 0:
+        report({"part": "reference", **train_part(make_model(args.seed).to(device), args, rank, world_size,
+                                                  device, sharded=False)})
+    variants = {
+        "no_sync": (make_model(args.seed), buffer_sync(False)),
+        "broadcast": (make_model(args.seed), {}),  # DDP's default: rank 0's buffers, every forward
+        "allreduce": (make_model(args.seed, AllReduceBatchNorm1d), {}),
+    }
+    for part, (model, kwargs) in variants.items():
+        ddp = DDP(model.to(device), device_ids=ids, **kwargs)
+        report({"part": part, **train_part(ddp, args, rank, world_size, device)})
+    sync = nn.SyncBatchNorm.convert_sync_batchnorm(make_model(args.seed)).to(device)
+    if device.type == "cpu":  # torch 2.13 refuses twice: in DDP(...) and in the layer's forward
+        errors = []
+        for attempt in (lambda: DDP(sync), lambda: sync(torch.randn(4, D_IN))):
+            try:
+                attempt()
+            except ValueError as err:
+                errors.append(first_line(err))
+        report({"part": "syncbn", "device": args.device, "errors": errors})
+    else:
+        ddp = DDP(sync, device_ids=ids)
+        report({"part": "syncbn", "device": args.device, **train_part(ddp, args, rank, world_size, device)})
+
+
+if __name__ == "__main__":
+    sys.exit(run(body, parser()))

@@ -1,0 +1,84 @@
+"""Pitfall 8: a collective that cannot complete, made to fail loudly and say where.
+
+    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_hang.py --case mismatch
+    TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --standalone --nproc-per-node 2 \\
+        ddp_tutorial/lessons/pitfalls/workers/pitfall_hang.py --case mismatch
+    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_hang.py --case missing --monitored
+
+Both cases fail on purpose; run them under a deadline (``launch(..., timeout=...)``).
+
+- ``--case mismatch``: every rank all-reduces its per-sample losses, but the
+  last rank has one sample more (a shard of uneven length), so the shapes
+  differ. gloo aborts the process that receives more bytes than it expects
+  (a C++ abort, no Python traceback); nccl would wait until the timeout.
+  With TORCH_DISTRIBUTED_DEBUG=DETAIL, every collective is first checked
+  across ranks, and the mismatch becomes a Python ``RuntimeError`` at the
+  line that called it, naming each rank's shape.
+- ``--case missing``: the last rank never reaches the barrier (it is stuck in
+  a long wait, as in a hung data loader). The barrier runs in a group whose
+  collectives time out after ``--wait-timeout`` seconds. A plain
+  ``dist.barrier()`` then fails without naming anyone; ``--monitored`` uses
+  ``dist.monitored_barrier``, which names the rank that did not arrive.
+
+Flags: ``--case mismatch|missing``, ``--monitored``, ``--wait-timeout 2``.
+Also ``--pg-timeout 60``: seconds a collective may wait for the other ranks.
+"""
+
+import argparse
+import datetime
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+if __package__ in (None, ""):  # run as a file path: make the package importable
+    sys.path.insert(0, os.path.abspath(__file__).rsplit(os.sep + "ddp_tutorial" + os.sep, 1)[0])
+
+from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import flags, reporter, run  # noqa: E402
+
+report = reporter("hang")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = flags(__doc__, wait_timeout=2.0)
+    p.add_argument("--case", choices=["mismatch", "missing"], required=True)
+    p.add_argument("--monitored", action="store_true", help="missing: use dist.monitored_barrier")
+    return p
+
+
+def sum_losses(rank: int, world_size: int) -> torch.Tensor:
+    """All-reduce per-sample losses: 4 per rank, but 5 on the last rank (an uneven shard)."""
+    losses = torch.ones(4 + (rank == world_size - 1))
+    report({"part": "mismatch", "shape": list(losses.shape),
+            "debug": os.environ.get("TORCH_DISTRIBUTED_DEBUG", "OFF")})
+    dist.all_reduce(losses)
+    return losses
+
+
+def wait_for_everyone(rank: int, world_size: int, monitored: bool, timeout_s: float) -> None:
+    """Meet at a barrier that the last rank never reaches; it may wait ``timeout_s`` seconds."""
+    # Every rank is up; from here on, collectives in `group` give up after timeout_s.
+    dist.barrier()
+    group = dist.new_group(timeout=datetime.timedelta(seconds=timeout_s))
+    if rank == world_size - 1:
+        report({"part": "missing", "arrived": False})
+        time.sleep(3600)  # stuck: this rank never reaches the barrier
+    report({"part": "missing", "arrived": True, "monitored": monitored})
+    if monitored:  # rank 0 waits for each rank in turn and names the ones that did not arrive
+        dist.monitored_barrier(group=group, timeout=datetime.timedelta(seconds=timeout_s))
+    else:
+        dist.barrier(group=group)
+
+
+def body(args, rank: int, world_size: int) -> None:
+    if args.case == "mismatch":
+        sum_losses(rank, world_size)
+    else:
+        wait_for_everyone(rank, world_size, args.monitored, args.wait_timeout)
+    report({"part": args.case, "completed": True})  # never reached: the collective above fails
+
+
+if __name__ == "__main__":
+    sys.exit(run(body, parser()))

@@ -1,0 +1,36 @@
+"""Several pitfall scripts on one set of ranks: each script's ``body`` in turn, in one process group.
+
+    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_lab.py batchnorm unused lr
+    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('pitfall_lab.py'), 2, ['batchnorm', 'lr'])"
+
+Starting ranks costs more than these pitfalls themselves: every rank imports
+torch, and DDP's first use imports more. Run alone, each script pays that once;
+here the scripts named on the command line (``pitfall_<name>.py``) share it.
+Each runs with its default flags and reports exactly as it does alone.
+"""
+
+import argparse
+import importlib
+import os
+import sys
+
+if __package__ in (None, ""):  # run as a file path: make the package importable
+    sys.path.insert(0, os.path.abspath(__file__).rsplit(os.sep + "ddp_tutorial" + os.sep, 1)[0])
+
+from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import run  # noqa: E402
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("pitfalls", nargs="+", help="pitfall scripts to run, e.g. batchnorm unused")
+    return p
+
+
+def body(args, rank: int, world_size: int) -> None:
+    for name in args.pitfalls:
+        script = importlib.import_module(f"ddp_tutorial.lessons.pitfalls.workers.pitfall_{name}")
+        script.body(script.parser().parse_args([]), rank, world_size)
+
+
+if __name__ == "__main__":
+    sys.exit(run(body, parser()))

@@ -1,0 +1,152 @@
+"""Pitfall 2: parameters that some steps do not use.
+
+    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_unused.py
+    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('pitfall_unused.py'), 2)"
+
+``Branchy`` has an auxiliary head that only even steps use (schedule
+``alternate``) or that training never uses (``never``). One ``report`` per part and rank:
+
+- ``error``: plain ``DDP(model)`` on the alternating schedule. The first step
+  that skips the head leaves its gradients unreduced, and the next forward
+  raises "Expected to have finished reduction in the prior iteration ...".
+  Every rank catches it and reports the message, the step, and the names
+  of the parameters in DDP's order (the message gives indices).
+- ``find_unused``: ``find_unused_parameters=True`` on the same schedule:
+  per step the parameters left without a gradient, then a digest of the
+  parameters and (rank 0) their largest difference from one plain process
+  on the whole global batch.
+- ``static_graph``: ``static_graph=True`` with the head never used (the same
+  checks), and on the alternating schedule (the error it raises).
+- ``cost``: the same fully used model wrapped three ways (no flag,
+  ``find_unused_parameters=True``, ``static_graph=True``), one step of each in
+  turn, ``--cost-steps`` times: per step, wall time and this thread's CPU time.
+
+Flags: ``--steps 6 --batch-size 8 --lr 0.1 --seed 0 --cost-steps 60 --cost-layers 32``.
+Also ``--pg-timeout 60``: seconds a collective may wait for the other ranks.
+"""
+
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+if __package__ in (None, ""):  # run as a file path: make the package importable
+    sys.path.insert(0, os.path.abspath(__file__).rsplit(os.sep + "ddp_tutorial" + os.sep, 1)[0])
+
+from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import (  # noqa: E402
+    digest, first_line, flags, max_diff, regression_batch, reporter, run, shard)
+
+report = reporter("unused")
+
+D_IN, HIDDEN = 8, 16
+
+
+class Branchy(nn.Module):
+    """A trunk, a head, and an auxiliary head that ``forward`` uses only when asked."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Linear(D_IN, HIDDEN)
+        self.head = nn.Linear(HIDDEN, 1)
+        self.aux = nn.Linear(HIDDEN, 1)
+
+    def forward(self, x, use_aux: bool):
+        h = torch.tanh(self.trunk(x))
+        out = self.head(h)
+        return out + self.aux(h) if use_aux else out
+
+
+def uses_aux(schedule: str, step: int) -> bool:
+    return schedule == "alternate" and step % 2 == 0
+
+
+def train_steps(model, args, rank: int, world_size: int, schedule: str, sharded: bool = True):
+    """SGD steps on the schedule; per step, the names of parameters left without a gradient."""
+    inner = model.module if isinstance(model, DDP) else model
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    without_grad = []
+    for step in range(args.steps):
+        x, y = regression_batch(args.seed, step, args.batch_size * world_size, D_IN)
+        if sharded:
+            x, y = shard(x, rank, world_size), shard(y, rank, world_size)
+        opt.zero_grad(set_to_none=True)  # None, not zero: a skipped head must not move
+        nn.functional.mse_loss(model(x, uses_aux(schedule, step)), y).backward()
+        without_grad.append([n for n, p in inner.named_parameters() if p.grad is None])
+        opt.step()
+    return without_grad
+
+
+def fresh(seed: int) -> Branchy:
+    torch.manual_seed(seed)  # the same init on every rank
+    return Branchy()
+
+
+def trained_part(part: str, ddp_kwargs: dict, schedule: str, args, rank: int, world_size: int) -> None:
+    """Train with DDP(**ddp_kwargs); report what lacked gradients and how far from one process."""
+    model = DDP(fresh(args.seed), **ddp_kwargs)
+    without_grad = train_steps(model, args, rank, world_size, schedule)
+    record = {"part": part, "schedule": schedule, "without_grad": without_grad,
+              "digest": digest(model.module.parameters())}
+    if rank == 0:
+        reference = fresh(args.seed)
+        train_steps(reference, args, rank, world_size, schedule, sharded=False)
+        record["max_diff_reference"] = max_diff(model.module.parameters(), reference.parameters())
+    report(record)
+
+
+def error_part(part: str, ddp_kwargs: dict, args, rank: int, world_size: int) -> None:
+    """Train on the alternating schedule until DDP refuses; report its message."""
+    model = DDP(fresh(args.seed), **ddp_kwargs)
+    names = [n for n, _ in model.module.named_parameters()]
+    step = None
+    try:
+        for step in range(args.steps):
+            x, y = regression_batch(args.seed, step, args.batch_size * world_size, D_IN)
+            x, y = shard(x, rank, world_size), shard(y, rank, world_size)
+            nn.functional.mse_loss(model(x, uses_aux("alternate", step)), y).backward()
+    except RuntimeError as err:  # raised alike on every rank, before any collective of that step
+        report({"part": part, "step": step, "message": str(err), "first_line": first_line(err),
+                "param_names": names})
+        return
+    raise RuntimeError(f"{part}: DDP{ddp_kwargs} trained {args.steps} alternating steps without the error")
+
+
+def deep(layers: int) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.Tanh()) for _ in range(layers)])
+
+
+def cost_part(args, rank: int) -> None:
+    """One step of each wrapping in turn, so a slow moment of the machine hits all three alike."""
+    models = {"no flag": DDP(deep(args.cost_layers)),
+              "find_unused_parameters": DDP(deep(args.cost_layers), find_unused_parameters=True),
+              "static_graph": DDP(deep(args.cost_layers), static_graph=True)}
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(rank))
+    wall = {k: [] for k in models}
+    cpu = {k: [] for k in models}
+    for _ in range(args.cost_steps):
+        for name, model in models.items():
+            t0, c0 = time.perf_counter(), time.thread_time()
+            model(x).square().mean().backward()
+            cpu[name].append(time.thread_time() - c0)  # this thread's CPU: not the waits for peers
+            wall[name].append(time.perf_counter() - t0)
+    report({"part": "cost", "layers": args.cost_layers, "wall_s": wall, "cpu_s": cpu})
+
+
+def parser():
+    return flags(__doc__, steps=6, batch_size=8, lr=0.1, cost_steps=60, cost_layers=32)
+
+
+def body(args, rank: int, world_size: int) -> None:
+    error_part("error", {}, args, rank, world_size)
+    trained_part("find_unused", {"find_unused_parameters": True}, "alternate", args, rank, world_size)
+    trained_part("static_graph", {"static_graph": True}, "never", args, rank, world_size)
+    error_part("static_graph_error", {"static_graph": True}, args, rank, world_size)
+    cost_part(args, rank)
+
+
+if __name__ == "__main__":
+    sys.exit(run(body, parser()))

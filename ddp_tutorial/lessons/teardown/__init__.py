@@ -1,0 +1,41 @@
+"""Notebook helpers of lesson 05: destroy_process_group, a crashing rank, a dead peer.
+
+Each helper launches a script of ``lessons/teardown/workers`` and returns what
+the ranks reported. No torch is imported here.
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+from ddp_tutorial.launcher import launch, scripts_path
+from ddp_tutorial.runfolder import Run
+
+TEARDOWN_SCRIPT = scripts_path("teardown_demo.py")
+
+
+def run_teardown_demo(world_size: int = 2, echo: str = "all", timeout: float = 60.0) -> Run:
+    """Launch ``teardown_demo.py``: init twice, destroy, init again, on every rank."""
+    return launch(TEARDOWN_SCRIPT, world_size, echo=echo, timeout=timeout)
+
+
+def teardown_results(run: Run) -> Dict[int, Dict[str, object]]:
+    """rank -> what ``teardown_demo.py`` reported."""
+    return {rank: run.results(rank)[-1] for rank in run.ranks}
+
+
+PEER_EXIT_SCRIPT = scripts_path("peer_exit_demo.py")
+
+
+def peer_gone(world_size: int = 2, pg_timeout: float = 60.0, timeout: float = 90.0) -> Dict[str, object]:
+    """Launch ``peer_exit_demo.py``: the last rank vanishes; how fast does a survivor's all_reduce fail?
+
+    Returns rank 0's report: ``seconds_to_error``, ``error_type``, ``error``, ``pg_timeout_s``.
+    """
+    run = launch(PEER_EXIT_SCRIPT, world_size, ["--pg-timeout", str(pg_timeout)], echo="none", timeout=timeout)
+    return run.results(0)[-1]
+
+
+def exit_without_teardown(world_size: int = 2, timeout: float = 60.0) -> Run:
+    """Launch ``peer_exit_demo.py --no-teardown``: every rank returns without ``destroy_process_group``."""
+    return launch(PEER_EXIT_SCRIPT, world_size, ["--no-teardown"], echo="all", timeout=timeout)

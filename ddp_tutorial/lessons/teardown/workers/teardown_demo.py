@@ -1,0 +1,78 @@
+"""Why ``destroy_process_group`` matters: a process can join a new group only after it.
+
+    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/teardown/workers/teardown_demo.py
+    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('teardown_demo.py'), 2)"
+
+Each rank joins the group, then calls ``init_process_group`` a second time
+without leaving (it fails: the default group exists), then calls
+``destroy_process_group`` and joins again, and all-reduces in the new group.
+It reports (``run.result(rank, key)``): ``second_init_error`` (the exception's
+type and message), ``reinit_ok`` and ``reinit_all_reduce``.
+"""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+if __package__ in (None, ""):  # run as a file path: make the package importable
+    sys.path.insert(0, os.path.abspath(__file__).rsplit(os.sep + "ddp_tutorial" + os.sep, 1)[0])
+
+from ddp_tutorial.runfolder import report  # noqa: E402
+
+
+def all_reduce_ranks() -> float:
+    """Sum of (rank + 1) over the group: proves the group works."""
+    x = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(x)
+    return x.item()
+
+
+def rejoin(rank: int) -> None:
+    """Join a new group after ``destroy_process_group``.
+
+    Under torchrun the rendezvous store is hosted by the agent and outlives the
+    group, with the old group's addresses still in it: a new group on the same
+    keys could read them and fail to connect. A fresh key prefix gives the new
+    group a clean slate. (``launch`` also hosts the store outside the group, but
+    gives every rendezvous keys of its own, so there the prefix is only harmless.) When rank 0 hosted the store
+    itself (plain env://), the store died with the group and env:// starts a new one.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group("gloo")
+        return
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    dist.init_process_group("gloo", store=dist.PrefixStore("rejoin", store),
+                            rank=rank, world_size=int(os.environ["WORLD_SIZE"]))
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        rank = dist.get_rank()
+        first_sum = all_reduce_ranks()
+        try:
+            dist.init_process_group("gloo")  # the group of this process still exists
+            error = None
+        except Exception as exc:  # what a second init without teardown raises
+            error = {"type": type(exc).__name__, "message": str(exc)}
+        # Every rank leaves the old group before any joins the new one, so a fast
+        # rank cannot meet the old rendezvous store of a slow one.
+        dist.barrier()
+        dist.destroy_process_group()
+        rejoin(rank)
+        report({"first_all_reduce": first_sum, "second_init_error": error,
+                "initialized_after_reinit": dist.is_initialized(),
+                "reinit_all_reduce": all_reduce_ranks()})
+        print(f"rank {rank}: second init without teardown -> "
+              f"{error['type'] if error else 'no error'}; after destroy_process_group it joined again",
+              flush=True)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,340 @@
+"""Measure what DDP itself costs, in one process group: buckets, overlap, accumulation, our own timing.
+
+    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('perf_ddp.py'), 2, ['--quick'])"
+    torchrun --standalone --nproc-per-node 2 ddp_tutorial/perf/workers/perf_ddp.py
+
+The model is a deep, narrow MLP: many small parameter tensors, as the DDP paper
+uses to show why gradients are bucketed. Sections (each reported by rank 0 with
+``metrics.report`` under its own key):
+
+- ``compute``: forward+backward+optimizer seconds per sample, one rank, no communication.
+- ``buckets``: a sweep of ``bucket_cap_mb``: all-reduce calls per step, backward time.
+- ``overlap``: DDP vs a hand-written all-reduce per gradient after backward vs one
+  flat all-reduce after backward; iteration times and DDP's own overlap counter.
+- ``accumulation``: K = 1, 2, 4, 8 with and without stragglers, through ``train.train_epoch``.
+- ``overhead``: ``train.train_epoch`` with the kit's hooks (``instrument.Instrument``:
+  ``SyncTimer`` and a JSON line per step) vs without, taking turns step by step.
+- ``fidelity``: ``SyncTimer``'s sync time vs DDP's logger ``avg_backward_comm_time``.
+
+Every section calls the training script's own functions with real arguments.
+"""
+
+import argparse
+import copy
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_tutorial.rank.instrument import NO_HOOKS, Instrument, SyncTimer
+from ddp_tutorial.runfolder import MetricsWriter, rank_run_dir, report
+from ddp_tutorial.train import (init_process_group, loss_fn, make_dataset, make_inputs, make_loader,
+                                start_epoch, teardown, train_epoch)
+
+
+class ManySmallParams(nn.Module):
+    """10 -> width -> ... -> width -> 20: ``depth`` hidden layers, two small tensors each."""
+
+    def __init__(self, depth: int = 24, width: int = 64):
+        super().__init__()
+        layers = [nn.Linear(10, width), nn.ReLU()]
+        for _ in range(depth):
+            layers += [nn.Linear(width, width), nn.ReLU()]
+        layers.append(nn.Linear(width, 20))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def model_bytes(model: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def sync_device(device) -> None:
+    """Wait for the GPU, so a wall-clock reading includes its work (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class StepLog:
+    """Collects the step records of ``instrument.Instrument`` in memory (it only needs ``write``)."""
+
+    def __init__(self):
+        self.records = []
+
+    def write(self, record):
+        if record["kind"] == "step":
+            self.records.append(record)
+
+
+def one_epoch(env, batch_size: int, micro_steps: int, seed: int = 0):
+    """Step 3 for an epoch of exactly ``micro_steps`` micro-batches per rank: (loader, sampler)."""
+    dataset = make_dataset(make_inputs(env.world_size * batch_size * micro_steps, seed), seed)
+    loader, sampler = make_loader(dataset, env, batch_size, seed)
+    start_epoch(sampler, 0)
+    return loader, sampler
+
+
+def run_epoch(model, env, batch_size: int, accum_steps: int, micro_steps: int, log: StepLog,
+              straggler_ms: float = 0.0) -> float:
+    """One epoch of the kit's real step 4, ``train.train_epoch``, with its hooks; returns wall seconds.
+
+    Args:
+        model: a DDP model.
+        env: from ``train.init_process_group``.
+        batch_size: micro-batch size per rank.
+        accum_steps: K.
+        micro_steps: micro-batches in the epoch, per rank.
+        log: where the hooks write the step records.
+        straggler_ms: each micro-step first sleeps a random 0..straggler_ms ms.
+    """
+    loader, _ = one_epoch(env, batch_size, micro_steps)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    hooks = Instrument(records=log, straggler_ms=straggler_ms)
+    hooks.start(env, model, optimizer, len(loader))
+    dist.barrier()
+    t0 = time.perf_counter()
+    train_epoch(model, loader, optimizer, loss_fn, accum_steps, 0, hooks)
+    sync_device(env.device)
+    return time.perf_counter() - t0
+
+
+def batches(env, batch_size: int, count: int, seed: int = 0):
+    """``count`` random (input, target) micro-batches on this rank's device, different per rank."""
+    g = torch.Generator().manual_seed(seed + env.rank)
+    return [(torch.randn(batch_size, 10, generator=g).to(env.device),
+             torch.randn(batch_size, 20, generator=g).to(env.device)) for _ in range(count)]
+
+
+def timed_steps(model, data, after_backward=None):
+    """Per-step seconds (forward, backward, sync, SGD step) and backward seconds, median of each."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = nn.MSELoss()
+    device = data[0][0].device
+    step_s, backward_s = [], []
+    dist.barrier()
+    for x, y in data:
+        t0 = time.perf_counter()
+        loss = loss_fn(model(x), y)
+        t1 = time.perf_counter()
+        loss.backward()  # under DDP this returns after the last bucket's all-reduce
+        if after_backward is not None:
+            after_backward(model)
+        sync_device(device)
+        t2 = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync_device(device)
+        step_s.append(time.perf_counter() - t0)
+        backward_s.append(t2 - t1)
+    return statistics.median(step_s), statistics.median(backward_s)
+
+
+# -- Sections -----------------------------------------------------------------
+def measure_compute(base, env, batch_size: int, steps: int) -> dict:
+    """Seconds per sample of forward+backward+step on one rank, nothing to communicate."""
+    model = copy.deepcopy(base).to(env.device)
+    data = batches(env, batch_size, steps + 2)
+    timed_steps(model, data[:2])  # warm-up
+    step_s, backward_s = timed_steps(model, data[2:])
+    return {"step_s": step_s, "backward_s": backward_s, "s_per_sample": step_s / batch_size,
+            "batch_size": batch_size}
+
+
+def measure_buckets(base, env, caps_mb, batch_size: int, steps: int) -> list:
+    """For each ``bucket_cap_mb``: all-reduce calls per step (SyncTimer counts them), backward time."""
+    rows = []
+    data = batches(env, batch_size, steps + 2, seed=1)
+    for cap in caps_mb:
+        model = DDP(copy.deepcopy(base).to(env.device), bucket_cap_mb=cap)
+        timer = SyncTimer()
+        model.register_comm_hook(timer, SyncTimer.hook)
+        timed_steps(model, data[:2])  # DDP rebuilds its buckets after the first step
+        timer.start_step()
+        step_s, backward_s = timed_steps(model, data[2:])
+        rows.append({"bucket_cap_mb": cap, "allreduce_calls_per_step": timer.calls / steps,
+                     "backward_s": backward_s, "step_s": step_s})
+    return rows
+
+
+def allreduce_each_gradient(model) -> None:
+    """By hand, after backward: one all-reduce per parameter, then average."""
+    world_size = dist.get_world_size()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad.div_(world_size)
+
+
+def allreduce_flat(model) -> None:
+    """By hand, after backward: copy every gradient into one flat tensor, one all-reduce, copy back."""
+    grads = [p.grad for p in model.parameters()]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat.div_(dist.get_world_size())
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def measure_overlap(base, env, bucket_cap_mb: float, batch_size: int, steps: int, rounds: int) -> dict:
+    """The three ways to sync the same gradients, interleaved round by round on the same data."""
+    data = batches(env, batch_size, steps, seed=2)
+    ddp = DDP(copy.deepcopy(base).to(env.device), bucket_cap_mb=bucket_cap_mb)
+    plain = copy.deepcopy(base).to(env.device)
+    ways = {"ddp": (ddp, None), "per_gradient": (plain, allreduce_each_gradient),
+            "flat": (plain, allreduce_flat)}
+    times = {name: [] for name in ways}
+    for model, after in ways.values():
+        timed_steps(model, data[:2], after)  # warm-up (and DDP's bucket rebuild)
+    for _ in range(rounds):
+        for name, (model, after) in ways.items():
+            times[name].append(timed_steps(model, data, after)[0])
+    logging = ddp._get_ddp_logging_data()
+    result = {f"{name}_step_s": statistics.median(t) for name, t in times.items()}
+    for key in ("avg_backward_compute_comm_overlap_time", "avg_backward_comm_time",
+                "avg_backward_compute_time"):
+        result[key + "_s"] = logging.get(key, 0) / 1e9
+    result["bucket_cap_mb"] = bucket_cap_mb
+    return result
+
+
+def measure_accumulation(base, env, ks, straggler_ms_list, batch_size: int, optimizer_steps: int) -> list:
+    """Each K and straggler delay through ``train.train_epoch``: time per sample, transfer and wait."""
+    rows = []
+    for straggler_ms in straggler_ms_list:
+        for k in ks:
+            log = StepLog()
+            wall = run_epoch(DDP(copy.deepcopy(base).to(env.device)), env, batch_size, k,
+                             k * optimizer_steps, log, straggler_ms)
+            samples = len(log.records) * batch_size * env.world_size
+            transfer_s, wait_s = split_sync(log.records)
+            opt_steps = sum(r["optimizer_step"] for r in log.records)
+            rows.append({"accum_steps": k, "straggler_ms": straggler_ms, "s_per_sample": wall / samples,
+                         "sync_s_per_optimizer_step": transfer_s + wait_s,
+                         "transfer_s_per_optimizer_step": transfer_s, "wait_s_per_optimizer_step": wait_s,
+                         "transfer_s_per_sample": transfer_s / (k * batch_size * env.world_size),
+                         "allreduce_calls_per_micro_step": sum(r["allreduce_calls"] for r in log.records)
+                         / len(log.records),
+                         "optimizer_steps": opt_steps, "micro_steps": len(log.records)})
+    return rows
+
+
+def split_sync(records) -> tuple:
+    """(transfer, wait) seconds of the syncs of an epoch, from every rank's sync times.
+
+    Every rank's sync time holds the transfer plus its wait for the last rank to arrive.
+    The last to arrive waits for nobody, so the smallest sync time over the ranks is the
+    transfer, and the largest minus the smallest the wait. Transfer: the fastest optimizer
+    step's (the all-reduce is the same every step; a busy machine only ever adds time).
+    Wait: the median over optimizer steps.
+    """
+    mine = [r["sync_s"] for r in records if r["optimizer_step"]]
+    every_rank = [None] * dist.get_world_size()
+    dist.all_gather_object(every_rank, mine)
+    per_step = list(zip(*every_rank))
+    transfer = min(min(step) for step in per_step)
+    wait = statistics.median(max(step) - min(step) for step in per_step)
+    return transfer, wait
+
+
+def measure_overhead(base, env, batch_size: int, steps: int, blocks: int, run_dir: str) -> dict:
+    """Step 4 with the kit's hooks (SyncTimer + a JSON line per step) vs without, step by step.
+
+    Both models train through the real ``train.train_epoch``, one micro-step per
+    call, taking turns (the order flips every pair), so a slow spell of a shared
+    machine hits both alike; the medians of ``steps * blocks`` single steps are
+    compared, which a few descheduled steps cannot move.
+    """
+    loader, _ = one_epoch(env, batch_size, 1)  # an "epoch" of exactly one micro-step
+    metrics = MetricsWriter(os.path.join(run_dir, "instrumented"), env.rank)
+    variants = {}
+    for name in ("plain", "timed"):
+        model = DDP(copy.deepcopy(base).to(env.device))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        hooks = Instrument(records=metrics) if name == "timed" else NO_HOOKS
+        hooks.start(env, model, optimizer, len(loader))
+        variants[name] = (model, optimizer, hooks)
+
+    def one_step(name):
+        model, optimizer, hooks = variants[name]
+        t0 = time.perf_counter()
+        train_epoch(model, loader, optimizer, loss_fn, 1, 0, hooks)
+        sync_device(env.device)
+        return time.perf_counter() - t0
+
+    for _ in range(5):  # warm-up: bucket rebuild, allocator, first-call paths
+        one_step("plain"), one_step("timed")
+    dist.barrier()
+    times = {"plain": [], "timed": []}
+    for i in range(steps * blocks):
+        for name in (("plain", "timed") if i % 2 == 0 else ("timed", "plain")):
+            times[name].append(one_step(name))
+    metrics.close()
+    plain_s, timed_s = statistics.median(times["plain"]), statistics.median(times["timed"])
+    return {"plain_step_s": plain_s, "instrumented_step_s": timed_s, "overhead": timed_s / plain_s - 1.0,
+            "steps_per_block": steps, "blocks": blocks, "steps": steps * blocks}
+
+
+def measure_fidelity(base, env, batch_size: int) -> dict:
+    """SyncTimer vs DDP's logger on the same iterations.
+
+    DDP's logger records the backward of sync iterations 1..10 (then every 100th),
+    each one when the next forward starts; so after 11 steps it holds steps 0..9.
+    """
+    steps = 11
+    model = DDP(copy.deepcopy(base).to(env.device), bucket_cap_mb=0.05)
+    log = StepLog()
+    run_epoch(model, env, batch_size, 1, steps, log)
+    ours = statistics.mean(r["sync_s"] for r in log.records[:10])
+    ddp_s = model._get_ddp_logging_data().get("avg_backward_comm_time", 0) / 1e9
+    return {"synctimer_s": ours, "ddp_logger_s": ddp_s,
+            "ratio": ours / ddp_s if ddp_s > 0 else float("nan"), "steps": steps}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps and settings (a few seconds)")
+    parser.add_argument("--sections", nargs="*",
+                        default=["compute", "buckets", "overlap", "accumulation", "overhead", "fidelity"])
+    parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    quick = args.quick
+    env = init_process_group(args.backend)
+    try:
+        torch.manual_seed(0)
+        base = ManySmallParams()
+        steps = 8 if quick else 30
+        results = {"model_bytes": model_bytes(base), "param_tensors": len(list(base.parameters())),
+                   "world_size": env.world_size, "backend": env.backend, "quick": quick}
+        if "compute" in args.sections:
+            results["compute"] = measure_compute(base, env, 32, steps)
+        if "buckets" in args.sections:
+            caps = [0.001, 0.01, 0.05, 25.0] if quick else [0.0005, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 25.0]
+            results["buckets"] = measure_buckets(base, env, caps, 32, steps)
+        if "overlap" in args.sections:
+            results["overlap"] = measure_overlap(base, env, 0.05, 32, steps, 2 if quick else 5)
+        if "accumulation" in args.sections:
+            results["accumulation"] = measure_accumulation(
+                base, env, [1, 2, 4, 8], [0.0, 2.0] if quick else [0.0, 5.0], 16, 6 if quick else 12)
+        if "overhead" in args.sections:
+            results["overhead"] = measure_overhead(base, env, 16, 5 if quick else 10, 6 if quick else 30,
+                                                   rank_run_dir("runs/manual"))
+        if "fidelity" in args.sections:
+            results["fidelity"] = measure_fidelity(base, env, 32)
+        if env.rank == 0:
+            report(results)
+            print("measured: " + ", ".join(k for k in results if isinstance(results[k], (dict, list))),
+                  flush=True)
+    finally:
+        teardown()
+
+
+if __name__ == "__main__":
+    main()

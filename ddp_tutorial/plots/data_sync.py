@@ -1,0 +1,81 @@
+"""Figures of lessons 03-04: which samples each rank gets, and what syncing costs per micro-step."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from ddp_tutorial.lessons.data_sync import sync_seconds_per_micro_step
+from ddp_tutorial.plots.training import PHASE_COLORS, _axes
+
+
+def plot_sampler_orders(orders: Sequence[Dict[int, List[int]]], dataset_size: int,
+                        ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
+    """Heatmap of the samples each rank gets per epoch, coloured by position in its order.
+
+    One row per (epoch, rank), one column per sample index; an empty cell is a
+    sample this rank does not see in that epoch. Identical blocks of rows mean
+    every epoch repeats the same order.
+
+    Args:
+        orders: per epoch, rank -> indices in the order the rank sees them
+            (``lessons_data_sync.sampler_orders(run)``).
+        dataset_size: number of samples (columns).
+        ax: axes to draw on (new figure if None).
+        title: the title.
+    """
+    rows = [(epoch, rank, indices) for epoch, per_rank in enumerate(orders)
+            for rank, indices in per_rank.items()]
+    grid = np.full((len(rows), dataset_size), np.nan)
+    for row, (_, _, indices) in enumerate(rows):
+        for position, index in enumerate(indices):
+            grid[row, index] = position
+    ax = _axes(ax, figsize=(8, 0.28 * len(rows) + 1.5))
+    image = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis", interpolation="nearest")
+    ranks_per_epoch = len(orders[0])
+    for boundary in range(ranks_per_epoch, len(rows), ranks_per_epoch):
+        ax.axhline(boundary - 0.5, color="black", lw=1.5)
+    ax.set_yticks(range(len(rows)), [f"epoch {e}, rank {r}" for e, r, _ in rows])
+    ax.set_xticks(range(dataset_size))
+    ax.tick_params(axis="x", labelsize="x-small")
+    ax.set_xlabel("sample index")
+    ax.set_ylabel("(epoch, rank)")
+    ax.set_title(title or "Samples per rank and epoch (colour: position in the rank's order)")
+    ax.figure.colorbar(image, ax=ax, label="position in the rank's order")
+    ax.figure.tight_layout()
+    return ax
+
+
+def plot_sync_per_micro_step(runs: Dict[str, object], ax: Optional[plt.Axes] = None,
+                             title: Optional[str] = None) -> plt.Axes:
+    """Per run and rank, the sync time per micro-step (total sync time / micro-steps).
+
+    A rank that is fast waits in the all-reduce for the slow one, so its bar is
+    the taller; fewer syncs (accumulation) means less waiting per micro-step.
+
+    Args:
+        runs: label -> ``Run``, e.g. ``{"K=1": run_k1, "K=4": run_k4}``.
+        ax: axes to draw on.
+        title: the title.
+    """
+    ax = _axes(ax, figsize=(7, 3.2))
+    labels = list(runs)
+    ranks = sorted({r for run in runs.values() for r in run.ranks})
+    width = 0.8 / (len(ranks) + 1)
+    colors = plt.get_cmap("tab10")
+    for k, rank in enumerate(ranks):
+        values = [1e3 * sync_seconds_per_micro_step(runs[label], rank) for label in labels]
+        ax.bar([i + (k - len(ranks) / 2) * width for i in range(len(labels))], values, width,
+               color=colors(k), label=f"rank {rank}")
+    means = [1e3 * sync_seconds_per_micro_step(runs[label]) for label in labels]
+    ax.bar([i + (len(ranks) / 2) * width for i in range(len(labels))], means, width,
+           color=PHASE_COLORS["sync (all-reduce)"], label="all ranks")
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_ylabel("sync time per micro-step (ms)")
+    ax.set_title(title or "Sync time per micro-step")
+    ax.legend(fontsize="small")
+    ax.figure.tight_layout()
+    return ax
+

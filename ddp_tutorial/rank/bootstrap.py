@@ -1,0 +1,228 @@
+"""Start one worker: tie its life to the launcher, then run the script as ``__main__``.
+
+``launch`` runs ``python rank/bootstrap.py SCRIPT ARGS...`` (or ``-m MODULE ARGS...``)
+for each rank. On Linux the worker asks the kernel to SIGKILL it when the
+launcher dies, so even a killed notebook kernel leaves no orphan ranks.
+This file imports nothing heavy: the script pays for its own imports. When the
+script ends, the worker runs its atexit handlers, flushes stdout and stderr, and
+exits at once (see ``main``): close your own files before the script ends.
+
+Rank 0 also hosts the rendezvous store (DDP_TUTORIAL_STORE): on the listening
+socket ``launch`` bound on 127.0.0.1 and passed down (``fd:N``), or on
+MASTER_ADDR:MASTER_PORT, bound here (``bind``, for a fixed ``master_port``);
+the other ranks get ``join``. The store starts as soon as the script has
+imported torch, so a script that never imports it pays nothing; every rank's
+env:// joins it as a client (TORCHELASTIC_USE_AGENT_STORE=True), so no store
+listens on other interfaces. As that store outlives any one process group,
+each rendezvous of a worker gets keys of its own (``fresh_key_space_per_rendezvous``).
+"""
+
+import atexit
+import os
+import runpy
+import signal
+import sys
+
+#: Keeps rank 0's store (and so its server) alive until the process exits.
+_STORE = []
+
+
+def die_with_launcher() -> None:
+    launcher_pid = int(os.environ.get("DDP_TUTORIAL_LAUNCHER_PID", "0"))
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if launcher_pid and os.getppid() != launcher_pid:  # it died before prctl took effect
+        os._exit(1)
+
+
+def store_socket(spec: str):
+    """(descriptor, port) of the store's listening socket for ``spec`` (``fd:N`` or ``bind``).
+
+    Raises:
+        OSError: ``bind``, and MASTER_ADDR:MASTER_PORT is taken (EADDRINUSE) or not allowed.
+    """
+    import socket  # rank 0 only: the other ranks start without it
+
+    if spec.startswith("fd:"):
+        sock = socket.socket(fileno=int(spec[3:]))
+    else:
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # As TCPStore does: connections of an earlier run lingering in TIME_WAIT do not block.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            sock.listen(socket.SOMAXCONN)
+        except OSError as exc:
+            sock.close()
+            raise OSError(exc.errno, f"rank 0 cannot host the rendezvous store on {host}:{port}: "
+                                     f"{exc.strerror}") from None
+    port = sock.getsockname()[1]
+    fd = sock.detach()
+    os.set_inheritable(fd, False)  # the store's, not for processes the script starts
+    return fd, port
+
+
+def fresh_key_space_per_rendezvous() -> None:
+    """Give each env:// (or tcp://) rendezvous of this process keys of its own in the run's store.
+
+    The store lives as long as rank 0, not as long as one process group: a group
+    made again after ``destroy_process_group`` would otherwise read the old
+    group's addresses (gloo then waits for peers at closed ports). Every rank
+    makes its rendezvous in the same order, so the n-th of each rank share a prefix.
+    """
+    import importlib
+    import itertools
+
+    from torch.distributed import PrefixStore
+
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")
+    create = getattr(rendezvous, "_create_c10d_store", None)
+    if create is None:  # a torch without it: its own behaviour stays
+        return
+    count = itertools.count()
+
+    def create_fresh(*args, **kwargs):
+        return PrefixStore(f"ddp_tutorial/rendezvous{next(count)}", create(*args, **kwargs))
+
+    rendezvous._create_c10d_store = create_fresh
+
+
+def host_store(fd: int, port: int) -> None:
+    """Host the rendezvous store on the listening socket ``fd`` for the rest of this process."""
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    _STORE.append(TCPStore(os.environ["MASTER_ADDR"], port, None, True, datetime.timedelta(minutes=30),
+                           wait_for_workers=False, master_listen_fd=fd))
+
+
+class _AfterTorchImport:
+    """A ``sys.meta_path`` finder that runs ``callback`` right after ``import torch`` has finished.
+
+    (Not an ``importlib.abc.MetaPathFinder``: importing that module costs a worker 0.1 s.)
+    """
+
+    def __init__(self, callback):
+        self.callback = callback
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "torch":
+            return None
+        sys.meta_path.remove(self)  # once, and let the usual finders find torch
+        spec = next(filter(None, (getattr(f, "find_spec", lambda *a: None)(fullname, path, target)
+                                  for f in sys.meta_path)), None)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module, callback = spec.loader.exec_module, self.callback
+
+        def exec_then_call(module):
+            exec_module(module)
+            callback()
+
+        spec.loader.exec_module = exec_then_call
+        return spec
+
+
+def prepare_store() -> None:
+    """Under ``launch``: rank 0 takes the store's socket now; once torch is in, it hosts the
+    store, and every rank's rendezvous gets keys of its own."""
+    spec = os.environ.pop("DDP_TUTORIAL_STORE", None)  # the script's children must not see it
+    if not spec:
+        return
+    socket_and_port = None
+    if spec != "join":
+        try:
+            socket_and_port = store_socket(spec)
+        except OSError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            os._exit(1)
+
+    def when_torch_is_in():
+        if socket_and_port:
+            host_store(*socket_and_port)
+        fresh_key_space_per_rendezvous()
+
+    sys.meta_path.insert(0, _AfterTorchImport(when_torch_is_in))
+
+
+def main() -> None:
+    die_with_launcher()
+    if len(sys.argv) < 2:
+        sys.exit("usage: bootstrap.py SCRIPT [ARGS...] | -m MODULE [ARGS...]")
+    prepare_store()
+    code = 0
+    try:
+        run_script()
+    except SystemExit as exc:
+        code = exit_code(exc)
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:
+        exc_type, exc, tb = sys.exc_info()
+        tb = script_frames(tb) or tb
+        sys.excepthook(exc_type, exc.with_traceback(tb), tb)  # the usual report, from the script on
+        code = 1
+    exit_without_teardown(code)
+
+
+def exit_without_teardown(code: int) -> None:
+    """Exit with ``code`` after atexit handlers and flushed output, skipping the interpreter's teardown.
+
+    The teardown would garbage-collect every object torch made (0.3-0.5 s per
+    rank), and destroying gloo's objects that late can abort the process
+    ("terminate called without an active exception", seen with torch 2.13 after
+    destroy_process_group had returned). ``train.py`` leaves this way too, so
+    it exits cleanly under torchrun as well.
+    """
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+def script_frames(tb):
+    """The traceback without this file's and runpy's frames: it starts in the script."""
+    own = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if os.path.abspath(filename) not in own and not filename.startswith("<frozen runpy"):
+            return tb
+        tb = tb.tb_next
+    return None
+
+
+def exit_code(exc: SystemExit) -> int:
+    """The exit status Python itself would give for ``sys.exit(exc.code)``."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def run_script() -> None:
+    if sys.argv[1] == "-m":
+        module = sys.argv[2]
+        sys.path[0] = os.getcwd()  # as `python -m module` would have it
+        sys.argv = [module] + sys.argv[3:]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        script = os.path.abspath(sys.argv[1])
+        sys.argv = [script] + sys.argv[2:]
+        sys.path[0] = os.path.dirname(script)  # as `python script.py` would have it
+        runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""How fast the kit itself launches: ``launch`` against ``torchrun --standalone``, phase by phase.
+
+A self-check of the kit, not part of the lessons; the bench prints it
+(``python -m ddp_tutorial.bench``). This module imports no torch.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Dict, List
+
+from ddp_tutorial.launcher import launch, scripts_path
+from ddp_tutorial.perf.costmodel import median
+
+def import_torch_seconds(repeats: int = 1) -> float:
+    """Wall seconds of ``python -c "import torch"``: what every rank pays before it does anything."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import torch"], check=True)
+        times.append(time.perf_counter() - t0)
+    return median(times)
+
+
+def launch_phases(run, t0: float, t1: float) -> Dict[str, float]:
+    """Split one probe launch (``scripts/launch_probe.py``) into phases, in seconds.
+
+    Args:
+        run: the probe's ``Run``; each rank reported wall-clock timestamps.
+        t0: ``time.time()`` when ``launch`` was called; t1: when it returned.
+    """
+    ranks = range(len(run.ranks))
+    stamps = {k: [run.result(r, k) for r in ranks] for k in ("started", "imported", "joined", "finished")}
+    return {"spawn": min(stamps["started"]) - t0,  # until the first rank runs its first line
+            "import_torch": max(stamps["imported"]) - min(stamps["started"]),  # until the last has torch
+            "join": max(stamps["joined"]) - max(stamps["imported"]),  # init_process_group after that
+            "work": max(stamps["finished"]) - max(stamps["joined"]),  # all_reduce, barrier, destroy
+            "exit": t1 - max(stamps["finished"])}  # interpreter teardown, reaping
+
+
+def launch_speed(repeats: int = 3, world_size: int = 4, timeout: float = 120.0) -> Dict:
+    """``launch`` vs ``torchrun --standalone`` on hello.py, alternating, medians of ``repeats`` each.
+
+    Each repeat also launches ``launch_probe.py`` twice, as is and with ranks
+    waiting for rank 0's store before init (``--wait-for-store``), to show where the time goes.
+
+    Returns:
+        ``launch_s``, ``torchrun_s``, ``ratio`` (target <= 0.75), ``fixed_s`` and
+        ``fixed_ratio`` (the probe with the store wait), ``phases`` and ``fixed_phases``
+        (``launch_phases`` medians), the ranks' median ``init_s`` under launch,
+        ``import_torch_s`` and ``floor_s`` (world_size imports shared by the cores).
+    """
+    hello, probe = scripts_path("hello.py"), scripts_path("launch_probe.py")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(world_size), hello]
+    times: Dict[str, List[float]] = {"launch": [], "torchrun": [], "probe": [], "fixed": []}
+    phases: Dict[str, List[Dict[str, float]]] = {"probe": [], "fixed": []}
+    init_s: List[float] = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run = launch(hello, world_size, timeout=timeout, echo="none")
+        times["launch"].append(time.perf_counter() - t0)
+        init_s += [run.result(r, "init_s") for r in range(world_size)]
+        t0 = time.perf_counter()
+        subprocess.run(torchrun, check=True, capture_output=True, timeout=timeout,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+        times["torchrun"].append(time.perf_counter() - t0)
+        for name, flags in (("probe", []), ("fixed", ["--wait-for-store"])):
+            wall0, t0 = time.time(), time.perf_counter()
+            run = launch(probe, world_size, flags, timeout=timeout, echo="none")
+            times[name].append(time.perf_counter() - t0)
+            phases[name].append(launch_phases(run, wall0, time.time()))
+    import_s = import_torch_seconds()
+    cores = os.cpu_count() or 1
+    med = {name: median(values) for name, values in times.items()}
+    return {"launch_s": med["launch"], "torchrun_s": med["torchrun"], "ratio": med["launch"] / med["torchrun"],
+            "probe_s": med["probe"], "fixed_s": med["fixed"], "fixed_ratio": med["fixed"] / med["torchrun"],
+            "phases": {k: median([p[k] for p in phases["probe"]]) for k in phases["probe"][0]},
+            "fixed_phases": {k: median([p[k] for p in phases["fixed"]]) for k in phases["fixed"][0]},
+            "init_s": median(init_s), "import_torch_s": import_s,
+            "floor_s": world_size * import_s / min(cores, world_size), "cores": cores,
+            "world_size": world_size, "repeats": repeats}
+
