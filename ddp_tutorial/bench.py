@@ -8,7 +8,7 @@
 It prints one table: the all-reduce sweep and its α-β fit, buckets, overlap,
 accumulation, the scaling projection, and the kit's own speed as ratios measured
 side by side in the same run. ``--out`` gets ``bench.json`` and the figures.
-The notebook ``06_performance_lab.ipynb`` calls the same functions.
+The notebook ``07_performance_lab.ipynb`` calls the same functions.
 This module imports no torch: the measurements run in worker processes.
 """
 

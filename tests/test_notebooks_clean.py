@@ -10,9 +10,26 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 def test_the_ladder_is_there():
     names = [p.name for p in NOTEBOOKS]
-    assert names[:6] == ["00_overview.ipynb", "01_init_process_group.ipynb", "02_ddp_wrap.ipynb",
-                         "03_distributed_sampler.ipynb", "04_no_sync_accumulation.ipynb",
-                         "05_teardown.ipynb"]
+    assert names == ["00_overview.ipynb", "01_init_process_group.ipynb", "02_ddp_wrap.ipynb",
+                     "03_distributed_sampler.ipynb", "04_no_sync_accumulation.ipynb", "05_teardown.ipynb",
+                     "06_capstone_port_a_script.ipynb", "07_performance_lab.ipynb",
+                     "08_beyond_one_machine.ipynb", "09_pitfalls.ipynb"]
+
+
+def test_every_notebook_ends_with_a_recap_and_a_link_to_the_next():
+    for path, following in zip(NOTEBOOKS, NOTEBOOKS[1:]):
+        last = nbformat.read(path, as_version=4).cells[-1]
+        assert last.cell_type == "markdown" and "Recap" in last.source, path.name
+        assert f"]({following.name})" in last.source, f"{path.name} should link to {following.name}"
+
+
+def test_notebooks_01_to_05_ask_to_predict_and_end_with_an_exercise():
+    for path in NOTEBOOKS[1:6]:
+        code = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        asked = [s for s in code if s.startswith("exercises.ask(")]
+        revealed = [s for s in code if s.startswith("exercises.reveal(")]
+        assert asked and len(asked) == len(revealed), path.name
+        assert any("exercises.start(" in s for s in code) and any("exercises.check(" in s for s in code)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

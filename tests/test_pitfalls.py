@@ -1,4 +1,4 @@
-"""The pitfalls lab (notebook 08): each pitfall's wrong result and its fix, through real launches.
+"""The pitfalls lab (notebook 09): each pitfall's wrong result and its fix, through real launches.
 
 As in the notebook, one launch of ``pitfall_lab.py`` runs pitfalls 1-3 and 5-7 and is shared
 by their tests (module-scoped fixtures); pitfall 4 has its own launch, and the failing
@@ -25,7 +25,7 @@ def launch_once(tmp_path_factory, name, world_size=2, args=()):
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """Pitfalls 1-3 and 5-7 in one launch of pitfall_lab.py, as notebook 08 runs them."""
+    """Pitfalls 1-3 and 5-7 in one launch of pitfall_lab.py, as notebook 09 runs them."""
     return lessons.run_lab(lessons.LAB, timeout=TIMEOUT, run_dir=tmp_path_factory.mktemp("lab"))
 
 

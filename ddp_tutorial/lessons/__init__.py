@@ -8,8 +8,8 @@ its lesson starts on the ranks with ``launch``.
     lessons/init_wrap/        notebooks 01-02: init_process_group, the DDP wrap
     lessons/data_sync/        notebooks 03-04: DistributedSampler, no_sync accumulation
     lessons/teardown/         notebook 05: destroy_process_group, crashes, leftovers
-    lessons/beyond/           notebook 07: uneven inputs with Join, the GPU check
-    lessons/pitfalls/         notebook 08: the pitfalls lab
+    lessons/beyond/           notebook 08: uneven inputs with Join, the GPU check
+    lessons/pitfalls/         notebook 09: the pitfalls lab
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The performance lab's measurements: what DDP costs on this machine (notebook 06, the bench).
+"""The performance lab's measurements: what DDP costs on this machine (notebook 07, the bench).
 
 Each measurement is one launch of a probe in ``perf/workers``; the analysis
 (the α-β fit, the scaling projection) uses ``perf.costmodel``. This module

@@ -2,6 +2,8 @@
 
     ax = plots.plot_sync_timeline(run)      # where each rank's time goes, step by step
     ax = plots.plot_loss_curves(run)        # loss per rank, and their mean
+
+The performance lab's figures are in ``ddp_tutorial.perf.plots``.
 """
 
 from ddp_tutorial.plots.training import (  # noqa: F401
@@ -12,6 +14,5 @@ from ddp_tutorial.plots.training import (  # noqa: F401
 )
 from ddp_tutorial.plots.data_sync import plot_sampler_orders, plot_sync_per_micro_step  # noqa: F401
 from ddp_tutorial.plots.init_wrap import plot_allreduces_vs_bucket_cap, plot_init_times  # noqa: F401
-from ddp_tutorial.perf.plots import plot_accumulation, plot_allreduce_sweep, plot_bucket_sweep, plot_overlap, plot_scaling_projection  # noqa: F401,E501
 from ddp_tutorial.plots.beyond import plot_restart_loss  # noqa: F401
 from ddp_tutorial.plots.pitfalls import plot_batchnorm_stats, plot_clipping_drift, plot_eval_error, plot_lr_curves, plot_unused_cost  # noqa: F401,E501

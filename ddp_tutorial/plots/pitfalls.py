@@ -1,4 +1,4 @@
-"""Figures of lesson 08, the pitfalls lab: one helper per figure, each returns its ``Axes``.
+"""Figures of lesson 09, the pitfalls lab: one helper per figure, each returns its ``Axes``.
 
 Each takes the summary that ``ddp_tutorial.lessons.pitfalls`` computes for its
 pitfall (named in the helper's docstring), an optional ``ax`` to draw on (a new

@@ -1,6 +1,6 @@
-"""Lesson 07 (beyond one machine): its worker scripts are in ``workers/``.
+"""Lesson 08 (beyond one machine): its worker scripts are in ``workers/``.
 
-Notebook 07 mostly launches train.py itself (multi-node torchrun, checkpoints,
+Notebook 08 mostly launches train.py itself (multi-node torchrun, checkpoints,
 restarts); ``workers/uneven_join.py`` shows uneven inputs with and without
 ``Join``, and ``workers/gpu_check.sh`` checks the nccl path on a GPU machine.
 """

@@ -1,4 +1,4 @@
-"""Notebook helpers of lesson 08, the pitfalls lab: each mistake happens, is measured, then fixed.
+"""Notebook helpers of lesson 09, the pitfalls lab: each mistake happens, is measured, then fixed.
 
 Each pitfall has a worker script ``scripts/pitfall_<name>.py``. The helpers here
 launch it (or, for the ones that must fail, catch the failure and return it)

@@ -1,1 +1,1 @@
-"""Worker scripts of lesson 07; each runs on the ranks (``launch`` or torchrun), never in the kernel."""
+"""Worker scripts of lesson 08; each runs on the ranks (``launch`` or torchrun), never in the kernel."""

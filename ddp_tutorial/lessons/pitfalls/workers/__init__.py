@@ -1,1 +1,1 @@
-"""Worker scripts of lesson 08 (one per pitfall, and the lab that runs six in one launch)."""
+"""Worker scripts of lesson 09 (one per pitfall, and the lab that runs six in one launch)."""

@@ -1,0 +1,244 @@
+"""Write the DDP steps yourself, and have each one checked on real ranks.
+
+    from ddp_tutorial import exercises
+    exercises.start("no_sync")      # writes my_work/no_sync.py: a skeleton with TODOs
+    exercises.check("no_sync")      # runs it on 2 ranks and reports, one line per criterion
+    exercises.hint("no_sync")       # a nudge
+    exercises.solution("no_sync")   # the reference solution's source
+    exercises.ask("04-allreduces")  # predict first; exercises.reveal(...) after the measurement
+
+A check runs your script under a harness (``workers/harness.py``) that
+observes the torch calls it makes (init_process_group, all_reduce, DDP and
+its gradient all-reduces, DistributedSampler, no_sync, optimizer steps,
+torch.save, destroy_process_group) and judges only what it measured: any
+correct script passes, whatever its shape. It never raises for a wrong,
+crashing, hanging or missing script; it reports. The scripts share one fixed
+task (``task.py``: model, data, loss, settings), so a check can compute what
+one process would have computed, and the results of typical mistakes.
+
+Importing this module does not import torch: only the ranks do.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Tuple
+
+from ddp_tutorial.exercises import judge, runs, settings
+from ddp_tutorial.exercises.predict import ask, reveal
+
+NAMES = ("init", "wrap", "sampler", "no_sync", "teardown", "capstone")
+PACKAGE_DIR = Path(__file__).resolve().parent
+SKELETONS_DIR = PACKAGE_DIR / "skeletons"
+#: The reference solutions: ``check("no_sync", SOLUTIONS_DIR / "no_sync.py")`` passes.
+SOLUTIONS_DIR = PACKAGE_DIR / "solutions"
+DEFAULT_FOLDER = "my_work"
+#: Seconds one run of a learner's script may take before the check calls it a hang.
+DEFAULT_TIMEOUT_S = 90.0
+#: Ranks every check starts (torchrun's too, in the capstone).
+WORLD_SIZE = 2
+
+HINTS = {
+    "init": (
+        "dist.init_process_group(\"gloo\") with no other arguments: its default init_method, env://, "
+        "reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which the launcher set for each process. "
+        "Then rank = dist.get_rank(); dist.all_reduce(value) sums in place on every rank (SUM is the "
+        "default op); and dist.destroy_process_group() at the end."),
+    "wrap": (
+        "model = DDP(model) right after building it: DDP broadcasts rank 0's parameters when it is "
+        "built, and every backward through the wrapper averages the gradients. Train the wrapped model: "
+        "call model(x) on the DDP object, not model.module(x). On CPU, give DDP no device_ids."),
+    "sampler": (
+        "sampler = DistributedSampler(dataset) reads the world size and rank from the process group; "
+        "pass it as DataLoader(dataset, batch_size=..., sampler=sampler), without shuffle=True. Its "
+        "shuffle comes from seed + epoch, so call sampler.set_epoch(epoch) at the top of every epoch."),
+    "no_sync": (
+        "For a micro-batch that does not end its window: `with model.no_sync():` around BOTH lines, "
+        "loss = task.loss_fn(model(x), y) / K and loss.backward(). DDP decides in forward whether "
+        "the next backward all-reduces, so a forward outside no_sync() syncs anyway. The last "
+        "micro-batch runs the same two lines outside no_sync(): its backward all-reduces the window's "
+        "sum once. contextlib.nullcontext() lets one `with` serve both cases."),
+    "teardown": (
+        "Right after init_process_group: try: (all the training) finally: dist.destroy_process_group(). "
+        "A finally runs when the block raises too, so a failing rank still closes its connections and "
+        "leaves the group before it exits."),
+    "capstone": (
+        "Decide once: distributed = \"RANK\" in os.environ. Only then init_process_group, wrap in DDP, and "
+        "try/finally around the rest with destroy_process_group. DistributedSampler(dataset, "
+        "num_replicas=world_size, rank=rank) needs no process group with 1 and 0, so one code path "
+        "serves both. Then set_epoch every epoch, no_sync() (forward included) on the micro-batches that "
+        "do not end a window, and torch.save only where rank == 0."),
+}
+
+
+@dataclass
+class CheckResult:
+    """What ``check`` found.
+
+    Attributes:
+        name: the exercise.
+        passed: every criterion passed.
+        message: the report ``check`` printed.
+        criteria: (criterion, passed, detail) for each thing a correct script does.
+        pids: every process the check started (all gone once ``check`` returns).
+        seconds: how long the check took.
+    """
+
+    name: str
+    passed: bool
+    message: str
+    criteria: List[Tuple[str, bool, str]]
+    pids: List[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def __repr__(self) -> str:
+        ok = sum(1 for _, passed, _ in self.criteria if passed)
+        return f"CheckResult({self.name!r}, passed={self.passed}, {ok} of {len(self.criteria)} criteria)"
+
+
+def _known(name: str) -> str:
+    if name not in NAMES:
+        raise ValueError(f"no exercise {name!r}: the exercises are {', '.join(NAMES)}")
+    return name
+
+
+def start(name: str, folder: str = DEFAULT_FOLDER) -> Path:
+    """Write exercise ``name``'s skeleton to ``<folder>/<name>.py`` unless that file exists already.
+
+    Args:
+        name: one of ``NAMES``.
+        folder: where your scripts live, relative to the current folder (a notebook's is ``notebooks/``).
+
+    Returns:
+        The script's path. An existing file is never overwritten: it is your work.
+    """
+    path = Path(folder) / f"{_known(name)}.py"
+    if PACKAGE_DIR.parent in path.resolve().parents:
+        raise ValueError(f"{path} is inside the ddp_tutorial package: give a folder of your own")
+    if path.exists():
+        print(f"{path} exists already; keeping your work. Edit it, then run exercises.check({name!r}"
+              f"{'' if folder == DEFAULT_FOLDER else f', {str(path)!r}'}).")
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text((SKELETONS_DIR / f"{name}.py").read_text())
+    print(f"wrote {path}: fill in its TODOs, then run exercises.check({name!r}"
+          f"{'' if folder == DEFAULT_FOLDER else f', {str(path)!r}'}). "
+          f"Stuck? exercises.hint({name!r}).")
+    return path
+
+
+def hint(name: str) -> str:
+    """Print and return a hint for exercise ``name``."""
+    text = HINTS[_known(name)]
+    print(textwrap.fill(text, 100))
+    return text
+
+
+def solution(name: str) -> str:
+    """Print and return the source of exercise ``name``'s reference solution."""
+    source = (SOLUTIONS_DIR / f"{_known(name)}.py").read_text()
+    print(source)
+    return source
+
+
+def check(name: str, path=None, timeout: float = DEFAULT_TIMEOUT_S, echo: str = "none") -> CheckResult:
+    """Run the script on real ranks under the harness, judge what was measured, print the report.
+
+    Args:
+        name: one of ``NAMES``.
+        path: the script; default ``my_work/<name>.py`` (where ``start(name)`` writes it).
+        timeout: seconds one run may take before it counts as a hang; the teardown
+            check runs the script twice, the capstone three ways at once.
+        echo: the ranks' own output under launch, as ``launch`` shows it: "none", "rank0" or "all".
+
+    Returns:
+        A ``CheckResult``. A wrong, crashing, hanging or missing script gives
+        failed criteria, never an exception.
+
+    Raises:
+        ValueError: ``name`` is not an exercise.
+    """
+    _known(name)
+    t0 = time.monotonic()
+    script = Path(path) if path is not None else Path(DEFAULT_FOLDER) / f"{name}.py"
+    attempts: List[runs.Attempt] = []
+    if not script.is_file():
+        criteria = [judge.Criterion("the script exists", False,
+                                    f"no file at {script}: run exercises.start({name!r}) first")]
+    else:
+        criteria = _run_and_judge(name, script.resolve(), timeout, echo, _run_folder(name), attempts)
+    pids = list(dict.fromkeys(pid for a in attempts for pid in a.pids))  # a plain run reports its pid twice
+    result = _result(name, script, criteria, pids, time.monotonic() - t0)
+    print(result.message)
+    return result
+
+
+def _run_folder(name: str) -> Path:
+    """A new folder for this check's runs, under the runs folder ``launch`` uses."""
+    root = Path(os.environ.get("DDP_TUTORIAL_RUNS", "runs"))
+    root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-exercise-{name}-", dir=root))
+
+
+def _run_and_judge(name: str, script: Path, timeout: float, echo: str, folder: Path,
+                   attempts: List[runs.Attempt]) -> List[judge.Criterion]:
+    if name == "teardown":
+        normal = runs.run_launch(name, script, folder / "run", timeout, WORLD_SIZE, echo=echo)
+        attempts.append(normal)
+        failing = None
+        if not normal.timed_out:  # a script that hangs would hang again: keep within the deadline
+            failing = runs.run_launch(name, script, folder / "rank_fails", timeout, WORLD_SIZE,
+                                      env={settings.FAIL_RANK_ENV: str(settings.FAIL_RANK)}, echo=echo)
+            attempts.append(failing)
+        return judge.judge_teardown(normal, failing)
+    if name == "capstone":
+        # The three runs at once: the plain process and torchrun start first, launch waits here.
+        deadline = time.monotonic() + timeout
+        started = [runs.start_plain(name, script, folder / "plain"),
+                   runs.start_torchrun(name, script, folder / "torchrun", WORLD_SIZE)]
+        try:
+            launched = runs.run_launch(name, script, folder / "launch", timeout, WORLD_SIZE, echo=echo)
+        except BaseException:  # an interrupt, or a launch that could not start: stop the others now
+            for process in started:
+                runs.finish(process, time.monotonic(), timeout)
+            raise
+        plain, torchrun = (runs.finish(process, deadline, timeout) for process in started)
+        attempts += [launched, plain, torchrun]
+        return judge.judge_capstone(launched, plain, torchrun)
+    attempt = runs.run_launch(name, script, folder / "run", timeout, WORLD_SIZE, echo=echo)
+    attempts.append(attempt)
+    return JUDGES[name](attempt)
+
+
+JUDGES = {"init": judge.judge_init, "wrap": judge.judge_wrap, "sampler": judge.judge_sampler,
+          "no_sync": judge.judge_no_sync}
+
+
+def _result(name: str, script: Path, criteria: List[judge.Criterion], pids: List[int],
+            seconds: float) -> CheckResult:
+    lines = [f"exercise {name!r}: {script}, on {WORLD_SIZE} ranks ({seconds:.1f} s)"]
+    for criterion in criteria:
+        if criterion.passed:
+            lines.append(f"  ✓ {criterion.name}: {criterion.detail}")
+            continue
+        lines.append(f"  ✗ {criterion.name}")
+        for line in criterion.detail.splitlines():
+            if line[:1].isspace():  # quoted output (a traceback): as it was
+                lines.append("      " + line)
+            else:
+                lines.append(textwrap.fill(line, 110, initial_indent="      ", subsequent_indent="      ",
+                                           break_long_words=False, break_on_hyphens=False))
+    ok = sum(1 for c in criteria if c.passed)
+    passed = ok == len(criteria)
+    lines.append(f"passed: all {len(criteria)} criteria." if passed else
+                 f"not yet: {ok} of {len(criteria)} criteria pass. A hint: exercises.hint({name!r})")
+    return CheckResult(name, passed, "\n".join(lines), [tuple(c) for c in criteria], pids, seconds)
+
+
+__all__ = ["NAMES", "SOLUTIONS_DIR", "SKELETONS_DIR", "CheckResult", "start", "check", "hint", "solution",
+           "ask", "reveal"]

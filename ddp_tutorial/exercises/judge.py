@@ -1,0 +1,528 @@
+"""Judge an exercise from what the harness measured: one ``Criterion`` per thing a correct script does.
+
+Every criterion is decided from the ranks' records alone (counts, parameters,
+sampler orders, calls seen), never from the learner's source. A failed one
+says what was measured and, where the measurement matches a typical mistake,
+names it. No torch in here.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from ddp_tutorial.exercises.runs import Attempt, process_alive
+from ddp_tutorial.lessons import port_can_be_bound as port_free
+from ddp_tutorial.exercises.settings import ACCUM_STEPS, EPOCHS, FAIL_AT_CALL, FAIL_RANK
+
+#: Parameters closer than this count as equal (float32 sums in another order differ by ~1e-7).
+TOLERANCE = 1e-5
+
+RAN_TO_END = "runs to the end on every rank"
+JOINED = "joins one group: world size and ranks 0..W-1 as the launcher set them"
+MEETS_AT_LAUNCHER = "meets at the launcher's MASTER_ADDR:MASTER_PORT"
+ALL_REDUCE_SUM = "all_reduce of rank + 1 gives 1 + ... + W on every rank"
+WRAPPED = "the model is wrapped in DistributedDataParallel on every rank"
+SAME_AFTER_WRAP = "parameters identical on every rank right after wrapping"
+SAME_AFTER_STEPS = "parameters identical on every rank after every optimizer step (gradients averaged)"
+SAME_DATASET = "every rank builds the same dataset"
+SHARDS = "a DistributedSampler gives each rank a disjoint shard, together the whole dataset"
+RESHUFFLED = "a new order every epoch (set_epoch)"
+ONE_ALLREDUCE_PER_STEP = "one gradient all-reduce per bucket per optimizer step"
+K_MICRO_STEPS = f"K = {ACCUM_STEPS} micro-batches per optimizer step"
+SAME_AS_ONE_PROCESS = (f"final parameters equal one process on the global batch ({ACCUM_STEPS} x world size "
+                       f"x batch), within {TOLERANCE:g}")
+CLEAN_EXIT = "a clean exit (exit code 0) on every rank"
+DESTROYED = "destroy_process_group called on every rank"
+NOTHING_LEFT = "no process left behind"
+PORT_FREE = "the rendezvous port is free again after the run"
+FAILING_RANK_LEAVES = "a rank that raises mid-training still leaves the group (try/finally)"
+ONLY_RANK0_SAVES = "only rank 0 writes the checkpoint"
+CLEAN_TEARDOWN = "clean teardown: destroy_process_group on every rank, exit code 0, no process left"
+RUNS_PLAIN = "runs unchanged as one plain process (no RANK in the environment)"
+RUNS_TORCHRUN = "runs under torchrun --standalone --nproc-per-node 2"
+
+
+class Criterion(NamedTuple):
+    name: str
+    passed: bool
+    detail: str
+
+
+#: A criterion judged from every rank's ``final`` record: (attempt, finals by rank) -> Criterion.
+FinalsJudge = Callable[[Attempt, Dict[int, dict]], Criterion]
+
+
+def max_difference(a: Optional[Sequence[float]], b: Optional[Sequence[float]]) -> float:
+    """Largest absolute difference of two parameter lists (inf when one is missing or they differ in size)."""
+    if a is None or b is None or len(a) != len(b):
+        return float("inf")
+    return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "es" if word.endswith("ch") else "s")
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    return ", ".join(f"rank {r}" for r in ranks)
+
+
+def judged_from_finals(attempt: Attempt, judges: Sequence[Tuple[str, FinalsJudge]]) -> List[Criterion]:
+    """``(name, judge)`` pairs judged on every rank's final record; "not measured" where a rank has none."""
+    finals = attempt.finals()
+    if len(finals) < attempt.world_size:
+        return [not_measured(name, attempt) for name, _ in judges]
+    return [judge(attempt, finals) for _, judge in judges]
+
+
+# -- Common criteria ---------------------------------------------------------
+def where_it_waits(attempt: Attempt, rank: int) -> Optional[str]:
+    """The collective (or rendezvous) a rank still running at the deadline was waiting in, if any."""
+    records = attempt.records.get(rank, [])
+    entered = {r["n"]: r["op"] for r in records if r.get("event") == "collective_enter"}
+    left = {r["n"] for r in records if r.get("event") == "collective"}
+    waiting = sorted(set(entered) - left)
+    if waiting:
+        return f"waiting in {entered[waiting[0]]} (its collective call #{waiting[0]})"
+    events = {r.get("event") for r in records}
+    if "init_called" in events and "init" not in events:
+        return "waiting in init_process_group for the other ranks"
+    return None
+
+
+def ran_to_end(attempt: Attempt, name: str = RAN_TO_END) -> Criterion:
+    """Every rank exited 0; else who failed with what, or who was still running at the deadline."""
+    if attempt.finished:
+        return Criterion(name, True, f"{plural(attempt.world_size, 'rank')}, exit code 0, {attempt.seconds:.1f} s")
+    if not attempt.timed_out:
+        return Criterion(name, False, attempt.failure)
+    waits = {r: where_it_waits(attempt, r) for r in attempt.still_running}
+    parts = [f"rank {r} was still running" + (f", {w}" if w else "") for r, w in waits.items()]
+    done = [r for r in attempt.ranks if r not in attempt.still_running]
+    if done:
+        parts.append(f"{ranks_text(done)} had finished")
+    advice = ("Every rank must make the same collective calls in the same order, or a rank waits "
+              "forever in a call its peers never make" if any(waits.values()) else
+              "A script that waits for something that never comes (a peer, an endless loop) looks like this")
+    return Criterion(name, False, f"{attempt.failure}: {'; '.join(parts)}. {advice}; all ranks were stopped")
+
+
+def not_measured(name: str, attempt: Attempt, why: str = "") -> Criterion:
+    why = why or ("the run stopped early" if not attempt.finished else "nothing was recorded")
+    return Criterion(name, False, f"not measured: {why}")
+
+
+# -- init --------------------------------------------------------------------
+def hard_coded_rank(attempt: Attempt, called: Dict[int, List[dict]]) -> Optional[str]:
+    """What was wrong if init_process_group got a rank= or world_size= other than the launcher's."""
+    for rank in attempt.ranks:
+        if not called[rank]:
+            continue
+        given = called[rank][-1]
+        starts = attempt.events(rank, "start")
+        env_rank = int(starts[0]["rank_env"]) if starts else rank
+        env_world = int(starts[0]["world_size_env"]) if starts else attempt.world_size
+        if given["rank_arg"] not in (None, env_rank) or given["world_size_arg"] not in (None, env_world):
+            return (f"process {rank} called init_process_group(rank={given['rank_arg']}, "
+                    f"world_size={given['world_size_arg']}), but the launcher made it rank {env_rank} of "
+                    f"{env_world}: hard-coded values do not form one group. Leave rank= and world_size= "
+                    "out: env:// reads the RANK and WORLD_SIZE the launcher set for each process")
+    return None
+
+
+def joined_one_group(attempt: Attempt) -> Criterion:
+    world = attempt.world_size
+    called = {r: attempt.events(r, "init_called") for r in attempt.ranks}
+    joined = {r: attempt.events(r, "init") for r in attempt.ranks}
+    hard_coded = hard_coded_rank(attempt, called)
+    if hard_coded:
+        return Criterion(JOINED, False, hard_coded)
+    if not any(called.values()):
+        return Criterion(JOINED, False, "init_process_group was never called: call "
+                                        "dist.init_process_group(\"gloo\") before any collective")
+    missing = [r for r in attempt.ranks if not joined[r]]
+    if missing:
+        return Criterion(JOINED, False, f"{ranks_text(missing)} did not complete init_process_group")
+    sizes = {r: joined[r][-1]["world_size"] for r in attempt.ranks}
+    ranks = {r: joined[r][-1]["rank"] for r in attempt.ranks}
+    if set(sizes.values()) == {world} and sorted(ranks.values()) == attempt.ranks:
+        return Criterion(JOINED, True, f"world size {world} on every rank, ranks {sorted(ranks.values())}")
+    seen = ", ".join(f"process {r}: rank {ranks[r]} of {sizes[r]}" for r in attempt.ranks)
+    return Criterion(JOINED, False, f"{seen}, not one group of {world}")
+
+
+def meets_at_launcher(attempt: Attempt) -> Criterion:
+    calls = [events[-1] for r in attempt.ranks if (events := attempt.events(r, "init_called"))]
+    if not calls:
+        return not_measured(MEETS_AT_LAUNCHER, attempt, "init_process_group was never called")
+    wrong = [c for c in calls if c["launcher_port"] is not None
+             and c["rendezvous_port"] not in (c["launcher_port"], "store")]
+    if wrong:
+        c = wrong[0]
+        return Criterion(MEETS_AT_LAUNCHER, False, (
+            f"init_method={c['init_method']!r} hard-codes port {c['rendezvous_port']}, but the launcher's "
+            f"rendezvous is MASTER_PORT={c['launcher_port']}: drop init_method (env:// is the default; it "
+            "reads MASTER_ADDR and MASTER_PORT), so the launcher picks a free port for every run"))
+    return Criterion(MEETS_AT_LAUNCHER, True, f"port {calls[0]['launcher_port']} via "
+                                              f"{calls[0]['init_method'] or 'env://'}")
+
+
+def all_reduce_sum(attempt: Attempt) -> Criterion:
+    world = attempt.world_size
+    expected = world * (world + 1) / 2
+    problems = []
+    for rank in attempt.ranks:
+        done = [c for c in attempt.events(rank, "collective") if c["op"] == "all_reduce"]
+        own = [d for d in done if d["input"] and set(d["input"]) == {rank + 1}]  # any shape, all rank + 1
+        if not done:
+            problems.append(f"rank {rank} finished no all_reduce")
+        elif not own:
+            problems.append(f"rank {rank} all-reduced {done[-1]['input']}, not rank + 1 = {rank + 1}")
+        elif set(own[-1]["output"]) != {expected}:
+            problems.append(f"rank {rank} got {own[-1]['output']}, not {expected:g}: a sum over all "
+                            f"{world} ranks (the default op, SUM) gives 1 + ... + {world}")
+    return Criterion(ALL_REDUCE_SUM, not problems,
+                     "; ".join(problems) or f"{expected:g} on {plural(world, 'rank')}")
+
+
+def judge_init(attempt: Attempt) -> List[Criterion]:
+    return [ran_to_end(attempt), joined_one_group(attempt), meets_at_launcher(attempt), all_reduce_sum(attempt)]
+
+
+# -- wrap --------------------------------------------------------------------
+def why_not_averaged(finals: Dict[int, dict]) -> str:
+    """Why the ranks' parameters drifted apart, from what DDP saw."""
+    if not all(f["ddp_wraps"] for f in finals.values()):
+        return ("each rank stepped on its own gradients, and nothing averaged them: wrap the model, "
+                "model = DDP(model)")
+    if all(f["ddp_forwards"] == 0 for f in finals.values()):
+        return ("the model is wrapped, but no forward went through the wrapper, so no gradient was "
+                "all-reduced (0 bucket all-reduces): call the wrapped model, ddp_model(x), not "
+                "ddp_model.module(x) or the model you wrapped")
+    if all(f["bucket_allreduces"] == 0 for f in finals.values()):
+        return "no gradient bucket was all-reduced: the backward passes ran without DDP syncing them"
+    return "the gradients were not averaged alike on every rank"
+
+
+def first_step_that_differs(finals: Dict[int, dict]) -> Optional[str]:
+    """None if every rank held the same parameters after every optimizer step; else where they first differ."""
+    steps = {r: f["params_per_step"] for r, f in finals.items()}
+    counts = {r: len(s) for r, s in steps.items()}
+    if len(set(counts.values())) > 1:
+        return "the ranks made different numbers of optimizer steps: " + ", ".join(
+            f"rank {r}: {n}" for r, n in counts.items())
+    for i in range(counts[0]):
+        for rank in steps:
+            d = max_difference(steps[0][i], steps[rank][i])
+            if d > TOLERANCE:
+                return f"after optimizer step {i + 1}, rank 0 and rank {rank} differ by up to {d:.3g}"
+    return None
+
+
+def wrapped(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+    unwrapped = [r for r, f in finals.items() if not f["ddp_wraps"]]
+    if not unwrapped:
+        return Criterion(WRAPPED, True, "DDP built on every rank")
+    if any(finals[r]["ddp_attempts"] for r in unwrapped):
+        return Criterion(WRAPPED, False, f"{ranks_text(unwrapped)}: DistributedDataParallel(...) raised "
+                                         "(its error is above)")
+    return Criterion(WRAPPED, False, f"{ranks_text(unwrapped)} built no DistributedDataParallel: "
+                                     "model = DDP(model) before training")
+
+
+def same_after_wrap(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+    unwrapped = [r for r, f in finals.items() if not f["ddp_wraps"]]
+    if unwrapped:
+        return not_measured(SAME_AFTER_WRAP, attempt, f"no DDP model on {ranks_text(unwrapped)}")
+    after_wrap = {r: f["ddp_wraps"][0]["params_after_wrap"] for r, f in finals.items()}
+    d = max(max_difference(after_wrap[0], p) for p in after_wrap.values())
+    return Criterion(SAME_AFTER_WRAP, d <= TOLERANCE, "DDP broadcast rank 0's parameters" if d <= TOLERANCE
+                     else f"they differ by up to {d:.3g} right after DDP was built")
+
+
+def same_after_steps(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+    idle = [r for r, f in finals.items() if not f["optimizer_steps"]]
+    if idle:
+        return Criterion(SAME_AFTER_STEPS, False, f"no optimizer step ran on {ranks_text(idle)}")
+    differ = first_step_that_differs(finals)
+    if differ:
+        return Criterion(SAME_AFTER_STEPS, False, f"{differ}: {why_not_averaged(finals)}")
+    return Criterion(SAME_AFTER_STEPS, True, f"{plural(finals[0]['optimizer_steps'], 'step')} alike")
+
+
+def judge_wrap(attempt: Attempt) -> List[Criterion]:
+    return [ran_to_end(attempt)] + judged_from_finals(attempt, [
+        (WRAPPED, wrapped), (SAME_AFTER_WRAP, same_after_wrap), (SAME_AFTER_STEPS, same_after_steps)])
+
+
+# -- sampler -----------------------------------------------------------------
+def same_dataset(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+    prints = {}
+    for rank, final in finals.items():
+        sources = final["sampler_iterations"] or final["loader_iterations"]
+        if sources:
+            prints[rank] = sources[0]["dataset"]
+    if len(prints) < attempt.world_size:
+        silent = [r for r in attempt.ranks if r not in prints]
+        return not_measured(SAME_DATASET, attempt, f"{ranks_text(silent)} iterated no DataLoader or sampler")
+    if len(set(prints.values())) == 1:
+        return Criterion(SAME_DATASET, True, f"fingerprint {prints[0]} on every rank")
+    return Criterion(SAME_DATASET, False, (
+        "the ranks built different datasets (" + ", ".join(f"rank {r}: {p}" for r, p in prints.items())
+        + "): per-rank random data. Build it from a seed every rank shares (task.make_dataset()); "
+          "a DistributedSampler shards one dataset, it cannot make different ones agree"))
+
+
+def shards(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+    """Each epoch, the ranks' DistributedSampler indices are disjoint and cover the dataset."""
+    iterations = {r: f["sampler_iterations"] for r, f in finals.items()}
+    without = [r for r, its in iterations.items() if not its]
+    if without:
+        loaders = finals[without[0]]["loader_iterations"]
+        used = f"its DataLoader used a {loaders[0]['sampler']}" if loaders else "it iterated no DataLoader"
+        return Criterion(SHARDS, False, (
+            f"{ranks_text(without)} iterated no DistributedSampler ({used}): every rank reads the whole "
+            "dataset. Pass sampler=DistributedSampler(dataset) to the DataLoader, without shuffle=True"))
+    size = iterations[0][0]["dataset_size"]
+    for epoch in range(min(len(its) for its in iterations.values())):
+        everyone = [i for its in iterations.values() for i in its[epoch]["indices"]]
+        overlap, missing = len(everyone) - len(set(everyone)), size - len(set(everyone))
+        if overlap or missing:
+            how = ", ".join(f"rank {r}: num_replicas={its[epoch]['num_replicas']}, rank={its[epoch]['rank']}"
+                            for r, its in iterations.items())
+            return Criterion(SHARDS, False, (
+                f"in epoch {epoch}, {overlap} indices went to more than one rank and {missing} of {size} to "
+                f"none ({how}): let DistributedSampler read the world size and rank from the process group"))
+    return Criterion(SHARDS, True, f"{size} samples, {len(iterations[0][0]['indices'])} per rank per epoch")
+
+
+def reshuffled(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+    """The sampler's order changes from epoch to epoch (set_epoch)."""
+    its = finals[0]["sampler_iterations"]
+    if not its:
+        return not_measured(RESHUFFLED, attempt, "no DistributedSampler was iterated")
+    if len(its) < 2:
+        return Criterion(RESHUFFLED, False, f"the sampler was iterated {plural(len(its), 'time')}: "
+                                            f"train for {EPOCHS} epochs")
+    repeats = [e for e in range(1, len(its)) if its[e]["indices"] == its[0]["indices"]]
+    if not repeats:
+        return Criterion(RESHUFFLED, True, f"sampler epochs {[it['epoch'] for it in its]}, each order different")
+    e = repeats[0]
+    if its[e]["epoch"] == its[0]["epoch"]:
+        return Criterion(RESHUFFLED, False, (
+            f"epoch {e} repeated epoch 0's order (the sampler's epoch stayed {its[e]['epoch']}): call "
+            "sampler.set_epoch(epoch) at the start of every epoch; the shuffle comes from seed + epoch"))
+    return Criterion(RESHUFFLED, False, f"epoch {e} repeated epoch 0's order although set_epoch was called: "
+                                        "give DistributedSampler shuffle=True")
+
+
+def judge_sampler(attempt: Attempt) -> List[Criterion]:
+    return [ran_to_end(attempt)] + judged_from_finals(attempt, [
+        (SAME_DATASET, same_dataset), (SHARDS, shards), (RESHUFFLED, reshuffled)])
+
+
+# -- no_sync -----------------------------------------------------------------
+def one_allreduce_per_step(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+    """Bucket all-reduces (counted by the comm hook) == optimizer steps x buckets, on every rank."""
+    for rank, f in sorted(finals.items()):
+        if not f["ddp_wraps"]:
+            return Criterion(ONE_ALLREDUCE_PER_STEP, False, f"rank {rank} built no DDP model, so no gradient "
+                                                            "was all-reduced: wrap the model in DDP")
+        steps, micro, count = f["optimizer_steps"], f["ddp_forwards"], f["bucket_allreduces"]
+        buckets = max(1, f["buckets"])
+        if steps and count == steps * buckets:
+            continue
+        measured = (f"rank {rank} ran {plural(count, 'bucket all-reduce')} for "
+                    f"{plural(steps, 'optimizer step')} ({plural(micro, 'micro-batch')}, "
+                    f"{plural(buckets, 'bucket')})")
+        if micro and count == micro * buckets:
+            if f["no_sync_entries"] == 0:
+                why = ("one per micro-batch: no_sync() was never used, so every backward all-reduced. "
+                       "Run the micro-batches before the last of each window inside `with model.no_sync():`")
+            else:
+                why = (f"one per micro-batch, although no_sync() was entered "
+                       f"{plural(f['no_sync_entries'], 'time')}: the forward ran outside no_sync(). DDP "
+                       "decides in forward whether the coming backward all-reduces, so put the forward "
+                       "(model(x)) inside the with block too")
+        elif count == 0:
+            why = "no gradient was all-reduced: forward through the DDP model, and let the last micro-batch sync"
+        else:
+            why = f"expected {steps * buckets}"
+        return Criterion(ONE_ALLREDUCE_PER_STEP, False, f"{measured}: {why}")
+    f = finals[0]
+    return Criterion(ONE_ALLREDUCE_PER_STEP, True, f"{plural(f['bucket_allreduces'], 'bucket all-reduce')} for "
+                                                   f"{plural(f['optimizer_steps'], 'optimizer step')} "
+                                                   f"({plural(f['ddp_forwards'], 'micro-batch')}) on every rank")
+
+
+def k_micro_steps(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+    for rank, f in sorted(finals.items()):
+        if not f["ddp_forwards"] or f["optimizer_steps"] * ACCUM_STEPS != f["ddp_forwards"]:
+            return Criterion(K_MICRO_STEPS, False, (
+                f"rank {rank} made {plural(f['optimizer_steps'], 'optimizer step')} for "
+                f"{plural(f['ddp_forwards'], 'forward')} through DDP: step once every {ACCUM_STEPS} micro-batches"))
+    return Criterion(K_MICRO_STEPS, True, f"{finals[0]['optimizer_steps']} steps x {ACCUM_STEPS}")
+
+
+#: The typical mistakes whose results the harness computes too, and what to do about each.
+MISTAKE_RESULTS = {
+    "loss not divided by K": (f"they match one process whose loss was not divided by K: the window's "
+                              f"gradients add up to {ACCUM_STEPS} times the mean's. Divide each micro-batch's "
+                              f"loss by K = {ACCUM_STEPS}"),
+    "no set_epoch": ("they match a run that reused epoch 0's order every epoch: call "
+                     "sampler.set_epoch(epoch) at the start of each epoch"),
+}
+
+
+def same_as_one_process(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+    """Final parameters on every rank equal the one-process reference rank 0 computed."""
+    rank0 = finals[0]
+    if "references" not in rank0:
+        return not_measured(SAME_AS_ONE_PROCESS, attempt, "rank 0 computed no reference")
+    mine, refs = rank0["final_params"], rank0["references"]
+    if mine is None:
+        return Criterion(SAME_AS_ONE_PROCESS, False, "no optimizer stepped: there are no trained parameters")
+    d = max_difference(mine, refs["correct"])
+    others = {r: max_difference(mine, f["final_params"]) for r, f in finals.items()}
+    ranks_agree = all(o <= TOLERANCE for o in others.values())
+    if d <= TOLERANCE and ranks_agree:
+        return Criterion(SAME_AS_ONE_PROCESS, True, f"max difference {d:.2g} on every rank")
+    if d <= TOLERANCE:
+        r = max(others, key=others.get)
+        return Criterion(SAME_AS_ONE_PROCESS, False, f"rank 0 matches, but rank {r} differs from rank 0 by up "
+                                                     f"to {others[r]:.3g}: {why_not_averaged(finals)}")
+    detail = f"rank 0's parameters differ from one process's by up to {d:.3g}"
+    for mistake, why in MISTAKE_RESULTS.items():
+        if max_difference(mine, refs.get(mistake)) <= TOLERANCE:
+            return Criterion(SAME_AS_ONE_PROCESS, False, f"{detail}: {why}")
+    if not ranks_agree:
+        detail += f"; the ranks also differ from each other: {why_not_averaged(finals)}"
+    return Criterion(SAME_AS_ONE_PROCESS, False, detail)
+
+
+def judge_no_sync(attempt: Attempt) -> List[Criterion]:
+    return [ran_to_end(attempt)] + judged_from_finals(attempt, [
+        (ONE_ALLREDUCE_PER_STEP, one_allreduce_per_step), (K_MICRO_STEPS, k_micro_steps),
+        (SAME_AS_ONE_PROCESS, same_as_one_process)])
+
+
+# -- teardown ----------------------------------------------------------------
+def destroyed_everywhere(attempt: Attempt) -> Criterion:
+    problems = []
+    for rank in attempt.ranks:
+        final = attempt.final(rank)
+        if not attempt.events(rank, "destroy"):
+            problems.append(f"rank {rank} never called destroy_process_group")
+        elif final and final["initialized_at_exit"]:
+            problems.append(f"rank {rank} still had a process group when its script ended")
+    if not problems:
+        return Criterion(DESTROYED, True, "every rank left the group before exiting")
+    advice = ("every rank must leave the group, not only some" if len(problems) < attempt.world_size
+              else "call dist.destroy_process_group() when training is done (in a finally:)")
+    return Criterion(DESTROYED, False, f"{'; '.join(problems)}: {advice}")
+
+
+def nothing_left(attempts: Sequence[Attempt]) -> Criterion:
+    pids = [pid for a in attempts for pid in a.pids]
+    left = [pid for pid in pids if process_alive(pid)]
+    if left:
+        return Criterion(NOTHING_LEFT, False, f"process(es) {left} still alive after the run")
+    return Criterion(NOTHING_LEFT, True, f"the {len(pids)} processes started ({', '.join(map(str, pids))}) are gone")
+
+
+def port_released(attempt: Attempt) -> Criterion:
+    if attempt.port is None:
+        return not_measured(PORT_FREE, attempt, "the launch reported no port")
+    if port_free(attempt.port):
+        return Criterion(PORT_FREE, True, f"127.0.0.1:{attempt.port} can be listened on again")
+    return Criterion(PORT_FREE, False, f"127.0.0.1:{attempt.port} is still taken")
+
+
+def failing_rank_leaves(normal: Attempt, failing: Optional[Attempt]) -> Criterion:
+    """In the run where rank FAIL_RANK raises mid-training, it still calls destroy_process_group."""
+    if failing is None:
+        return not_measured(FAILING_RANK_LEAVES, normal, "the first run did not finish, so the failing run "
+                                                         "was skipped")
+    records = failing.records.get(FAIL_RANK, [])
+    fired = [i for i, r in enumerate(records) if r.get("event") == "injected_failure"]
+    if not fired:
+        return Criterion(FAILING_RANK_LEAVES, False, (
+            f"in the run with rank {FAIL_RANK} made to fail, it never reached task.loss_fn call "
+            f"#{FAIL_AT_CALL} ({failing.failure or 'it finished'}): compute the loss with task.loss_fn"))
+    if any(r.get("event") == "destroy" for r in records[fired[0]:]):
+        return Criterion(FAILING_RANK_LEAVES, True, f"rank {FAIL_RANK} raised InjectedFailure and called "
+                                                    "destroy_process_group on its way out")
+    if normal.events(FAIL_RANK, "destroy"):
+        why = ("No finally: it leaves the group at the end of a run that succeeds, but not on the way "
+               "out of an exception. Put the training in try: and dist.destroy_process_group() in "
+               "finally:, so it runs when a step raises too")
+    else:
+        why = (f"Rank {FAIL_RANK} never calls it, not even when training succeeds. Put the training in "
+               "try: and dist.destroy_process_group() in finally:, on every rank")
+    return Criterion(FAILING_RANK_LEAVES, False, f"rank {FAIL_RANK} raised InjectedFailure mid-training and "
+                                                 f"exited without calling destroy_process_group. {why}")
+
+
+def judge_teardown(normal: Attempt, failing: Optional[Attempt]) -> List[Criterion]:
+    attempts = [a for a in (normal, failing) if a is not None]
+    return [ran_to_end(normal, CLEAN_EXIT), destroyed_everywhere(normal), nothing_left(attempts),
+            port_released(normal), failing_rank_leaves(normal, failing)]
+
+
+# -- capstone ----------------------------------------------------------------
+def only_rank0_saves(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+    saves = {r: f["saves"] for r, f in finals.items()}
+    if not saves[0]:
+        return Criterion(ONLY_RANK0_SAVES, False, "rank 0 saved nothing: keep the original script's "
+                                                  "torch.save, on rank 0")
+    others = [r for r, s in saves.items() if r != 0 and s]
+    if others:
+        r = others[0]
+        return Criterion(ONLY_RANK0_SAVES, False, (
+            f"rank {r} also called torch.save ({os.path.basename(saves[r][0]['path'])}): with every rank "
+            "saving, several processes write one file at once. Save only where rank == 0; the ranks hold "
+            "the same model"))
+    return Criterion(ONLY_RANK0_SAVES, True, f"rank 0 saved {os.path.basename(saves[0][0]['path'])}, "
+                                             "no other rank saved")
+
+
+def clean_teardown(attempt: Attempt) -> Criterion:
+    if attempt.timed_out:
+        return not_measured(CLEAN_TEARDOWN, attempt, "the launch did not finish (see its first line)")
+    for criterion in (ran_to_end(attempt), destroyed_everywhere(attempt), nothing_left([attempt])):
+        if not criterion.passed:
+            return Criterion(CLEAN_TEARDOWN, False, criterion.detail)
+    return Criterion(CLEAN_TEARDOWN, True, "every rank left the group and exited 0; its processes are gone")
+
+
+def runs_plain(plain: Attempt) -> Criterion:
+    if not plain.finished:
+        return Criterion(RUNS_PLAIN, False, ran_to_end(plain).detail + "\n(without RANK there is no launcher: "
+                         "guard the DDP parts, e.g. with `if \"RANK\" in os.environ`)")
+    final = plain.final(0)
+    if not final or not final["optimizer_steps"]:
+        return Criterion(RUNS_PLAIN, False, "it ran, but no optimizer step was taken")
+    return Criterion(RUNS_PLAIN, True, f"{plural(final['optimizer_steps'], 'optimizer step')}, exit code 0, "
+                                       f"{plain.seconds:.1f} s")
+
+
+def runs_torchrun(run: Attempt) -> Criterion:
+    if not run.finished:
+        return Criterion(RUNS_TORCHRUN, False, ran_to_end(run).detail)
+    finals = run.finals()
+    if len(finals) < run.world_size:
+        return not_measured(RUNS_TORCHRUN, run, "a rank reported no end")
+    same = same_as_one_process(run, finals)
+    if not same.passed:
+        return Criterion(RUNS_TORCHRUN, False, f"it ran, but {same.detail}")
+    return Criterion(RUNS_TORCHRUN, True, f"exit code 0 on every rank, the same parameters as one process, "
+                                          f"{run.seconds:.1f} s")
+
+
+def judge_capstone(launched: Attempt, plain: Attempt, torchrun: Attempt) -> List[Criterion]:
+    measured = judged_from_finals(launched, [
+        (SAME_AS_ONE_PROCESS, same_as_one_process), (ONE_ALLREDUCE_PER_STEP, one_allreduce_per_step),
+        (SHARDS, shards), (RESHUFFLED, reshuffled), (ONLY_RANK0_SAVES, only_rank0_saves)])
+    return ([ran_to_end(launched, f"runs under launch on {launched.world_size} ranks")] + measured
+            + [clean_teardown(launched), runs_plain(plain), runs_torchrun(torchrun)])

@@ -1,0 +1,145 @@
+"""Predict first: a question the learner answers before a measurement on real ranks reveals the answer.
+
+In a notebook, right before the cell that measures it::
+
+    exercises.ask("04-allreduces")          # prints the question
+    prediction = None                       # the learner's answer
+    ... the measurement ...
+    exercises.reveal("04-allreduces", prediction, measured)
+
+``reveal`` derives the right answer from the measurement (never from a
+constant), compares, and explains. An unanswered question (None) just shows
+the answer, so a notebook runs top to bottom untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
+
+
+@dataclass(frozen=True)
+class Question:
+    """One predict-first question.
+
+    Attributes:
+        notebook: where it is asked, e.g. "04".
+        text: the question.
+        answer: the right answer, from what was measured: ``answer(measured)``.
+        explain: why, in a sentence or two.
+        choices: for a multiple-choice question, letter -> choice; None for a number.
+    """
+
+    notebook: str
+    text: str
+    answer: Callable[[Any], Any]
+    explain: str
+    choices: Optional[Dict[str, str]] = None
+
+
+def _dead_peer_choice(seconds_to_error: float) -> str:
+    return "a" if seconds_to_error < 1.0 else "b" if seconds_to_error < 120 else "c"
+
+
+QUESTIONS: Dict[str, Question] = {
+    "01-all-reduce": Question(
+        "01", "4 ranks each hold a tensor [rank + 1] and call dist.all_reduce on it (op SUM, the "
+              "default). What does rank 2 hold afterwards?",
+        answer=lambda measured: measured,
+        explain="all_reduce sums over all ranks and gives every rank the result, in place: "
+                "1 + 2 + 3 + 4 = 10 on every rank, rank 2 included."),
+    "01-wrong-world-size": Question(
+        "01", "2 processes start, but both are told WORLD_SIZE=3. What happens in init_process_group?",
+        choices={"a": "it raises at once: the world size does not match",
+                 "b": "both wait for a third rank, until a timeout",
+                 "c": "they carry on as a world of 2"},
+        answer=lambda stuck_ranks: "b" if stuck_ranks == [0, 1] else "?",
+        explain="The rendezvous waits until WORLD_SIZE ranks have registered; nothing tells the two "
+                "that a third will never come, so only a timeout ends the wait."),
+    "02-default-buckets": Question(
+        "02", "The deep model has about 1.8 MiB of gradients, and DDP is built with no bucket_cap_mb "
+              "(its default). How many bucket all-reduces does each backward make, once DDP has "
+              "rebuilt its buckets after the first iteration?",
+        answer=lambda measured: measured,
+        explain="With bucket_cap_mb=None DDP caps the first bucket at 1 MiB and the later ones at 25 MiB: "
+                "1.8 MiB of gradients make 2 buckets, so 2 all-reduces. An explicit 25 gives 1."),
+    "03-set-epoch": Question(
+        "03", "Without sampler.set_epoch(epoch), does epoch 1 give a rank the same samples, in the "
+              "same order, as epoch 0?",
+        choices={"a": "yes, the same order", "b": "no, a new shuffle"},
+        answer=lambda orders_repeat: "a" if orders_repeat else "b",
+        explain="The sampler shuffles with seed + epoch, and its epoch changes only in set_epoch."),
+    "03-padding": Question(
+        "03", "10 samples, 4 ranks, drop_last=False: how many indices does the sampler hand out "
+              "twice, so that every rank gets as many?",
+        answer=lambda duplicated: duplicated,
+        explain="Every rank gets ceil(10 / 4) = 3 indices: 12 in all for 10 samples, 2 of them twice."),
+    "04-allreduces": Question(
+        "04", "2 ranks, K = 4, a model whose gradients fit one bucket, and the original's mistake: "
+              "forward outside no_sync(), backward inside. How many bucket all-reduces does rank 0 "
+              "run in its first 8 micro-steps?",
+        answer=lambda measured: measured,
+        explain="DDP decides in forward whether the coming backward all-reduces; no_sync() around "
+                "backward alone comes too late, so every micro-step syncs: 8, not 2."),
+    "05-dead-peer": Question(
+        "05", "Rank 1 exits without a word while rank 0 waits in all_reduce (gloo, a 60 s process-group "
+              "timeout). When does rank 0's all_reduce fail?",
+        choices={"a": "within a second", "b": "after the 60 s timeout", "c": "never: it waits forever"},
+        answer=_dead_peer_choice,
+        explain="A dead process's sockets are closed by the operating system, and gloo's read fails "
+                "at once. A peer that is alive but stuck gives no such signal: then only the "
+                "timeout helps."),
+}
+
+
+def _question(qid: str) -> Question:
+    if qid not in QUESTIONS:
+        raise ValueError(f"no question {qid!r}; the questions are {sorted(QUESTIONS)}")
+    return QUESTIONS[qid]
+
+
+def _same(prediction, answer, multiple_choice: bool) -> bool:
+    """A letter matches in any case and with parentheses; a number matches as a number ("10" == 10.0)."""
+    if multiple_choice:
+        return str(prediction).strip().strip("()").lower() == answer
+    try:
+        return float(prediction) == float(answer)
+    except (TypeError, ValueError):
+        return False
+
+
+def ask(qid: str) -> str:
+    """Print question ``qid`` (and its choices); returns its text."""
+    q = _question(qid)
+    lines = [f"Predict first ({qid}): {q.text}"]
+    if q.choices:
+        lines += [f"  ({letter}) {choice}" for letter, choice in q.choices.items()]
+        lines.append("Put your letter in `prediction` below, e.g. prediction = \"a\".")
+    else:
+        lines.append("Put your number in `prediction` below.")
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def reveal(qid: str, prediction, measured) -> Optional[bool]:
+    """Compare ``prediction`` with the answer ``measured`` gives; print the verdict and why.
+
+    Args:
+        qid: the question.
+        prediction: the learner's answer, or None if they gave none.
+        measured: what the notebook measured; the question turns it into the answer.
+
+    Returns:
+        True or False for a prediction, None when there was none.
+    """
+    q = _question(qid)
+    answer = q.answer(measured)
+    shown = f"({answer}) {q.choices[answer]}" if q.choices and answer in q.choices else str(answer)
+    if prediction is None:
+        verdict, result = f"no prediction given; measured: {shown}", None
+    else:
+        result = _same(prediction, answer, multiple_choice=bool(q.choices))
+        verdict = f"{'✓' if result else '✗'} you predicted {prediction!r}; measured: {shown}"
+    print(f"{verdict}\n  {q.explain}")
+    return result

@@ -1,0 +1,23 @@
+"""The task's fixed settings and the variables a check sets for the ranks; no torch, so the kernel reads them too.
+
+``task`` builds the model and data from these; the judge uses them to know
+what a correct run does (how many steps, which rank is made to fail).
+"""
+
+SEED = 0
+DATASET_SIZE = 64
+#: Samples per micro-batch on each rank.
+BATCH_SIZE = 4
+#: K: micro-batches whose gradients add up before each optimizer step.
+ACCUM_STEPS = 4
+EPOCHS = 2
+LR = 0.1
+
+#: Environment variable: the rank (as text) that ``task.loss_fn`` makes raise (the teardown check's 2nd run).
+FAIL_RANK_ENV = "DDP_EXERCISE_FAIL_RANK"
+#: The rank the teardown check makes fail.
+FAIL_RANK = 1
+#: The call of ``task.loss_fn`` (1-based) on which that rank raises: mid-training.
+FAIL_AT_CALL = 3
+#: Environment variable: the folder ``task.checkpoint_path()`` points into (the check's run folder).
+OUT_DIR_ENV = "DDP_EXERCISE_OUT"

@@ -1,0 +1,30 @@
+"""Exercise "sampler": give every rank its own shard of the data, reshuffled every epoch.
+
+Every rank builds the same dataset. Together the ranks should read each sample
+once per epoch (their shards disjoint), in a new order every epoch. The loop
+only reads the batches, and counts them: training would go where it counts.
+Then, in the notebook:
+
+    exercises.check("sampler")
+"""
+
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler  # noqa: F401 (you will need it)
+
+from ddp_tutorial.exercises import task
+
+dist.init_process_group("gloo")
+try:
+    rank = dist.get_rank()
+    dataset = task.make_dataset()  # the same on every rank: built from a shared seed
+
+    # TODO 1: give each rank its own shard: a DistributedSampler, passed to the DataLoader.
+    loader = DataLoader(dataset, batch_size=task.BATCH_SIZE, shuffle=True)
+
+    for epoch in range(task.EPOCHS):
+        # TODO 2: make this epoch's shuffle new, and the same on every rank.
+        seen = sum(len(x) for x, y in loader)
+        print(f"rank {rank}, epoch {epoch}: read {seen} of {len(dataset)} samples")
+finally:
+    dist.destroy_process_group()

@@ -1,0 +1,1 @@
+"""Reference solutions, one script per exercise: shown by ``exercises.solution(name)`` on request."""

@@ -1,0 +1,26 @@
+"""Exercise "teardown", solved: try/finally around the training, destroy_process_group in finally."""
+
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from ddp_tutorial.exercises import task
+
+dist.init_process_group("gloo")
+try:
+    model = DDP(task.make_model())
+    optimizer = task.make_optimizer(model.parameters())
+    dataset = task.make_dataset()
+    sampler = DistributedSampler(dataset, shuffle=True, seed=task.SEED)
+    loader = DataLoader(dataset, batch_size=task.BATCH_SIZE, sampler=sampler)
+    for epoch in range(task.EPOCHS):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            optimizer.zero_grad()
+            task.loss_fn(model(x), y).backward()
+            optimizer.step()
+finally:
+    # Runs on the way out of an exception too: the rank closes its connections
+    # and store client itself, so its peers see it leave instead of a reset.
+    dist.destroy_process_group()

@@ -1,0 +1,22 @@
+"""Exercise "wrap", solved: DDP makes the ranks start alike and step alike."""
+
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_tutorial.exercises import task
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+try:
+    model = task.make_model(seed=rank)  # different weights on every rank
+    model = DDP(model)  # broadcasts rank 0's weights; backward will average the gradients
+
+    optimizer = task.make_optimizer(model.parameters())
+    for x, y in task.local_batches(rank, steps=3):  # different data on every rank
+        optimizer.zero_grad()
+        loss = task.loss_fn(model(x), y)  # through the wrapper: that is what makes backward sync
+        loss.backward()
+        optimizer.step()
+    print(f"rank {rank}: final loss {loss.item():.4f}")
+finally:
+    dist.destroy_process_group()

@@ -1,0 +1,1 @@
+"""Scripts the ranks run for ``exercises.check``: the harness that observes a learner's script."""

@@ -1,0 +1,32 @@
+"""Wrong answer to "no_sync": only backward inside no_sync(), so every micro-batch still all-reduces."""
+
+import contextlib
+
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from ddp_tutorial.exercises import task
+
+K = task.ACCUM_STEPS
+
+dist.init_process_group("gloo")
+try:
+    model = DDP(task.make_model())
+    optimizer = task.make_optimizer(model.parameters())
+    dataset = task.make_dataset()
+    sampler = DistributedSampler(dataset, shuffle=True, seed=task.SEED)
+    loader = DataLoader(dataset, batch_size=task.BATCH_SIZE, sampler=sampler)
+    for epoch in range(task.EPOCHS):
+        sampler.set_epoch(epoch)
+        for i, (x, y) in enumerate(loader):
+            last_of_window = (i + 1) % K == 0
+            loss = task.loss_fn(model(x), y) / K  # forward outside: DDP already decided to sync
+            with contextlib.nullcontext() if last_of_window else model.no_sync():
+                loss.backward()
+            if last_of_window:
+                optimizer.step()
+                optimizer.zero_grad()
+finally:
+    dist.destroy_process_group()

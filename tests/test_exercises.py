@@ -1,0 +1,233 @@
+"""The exercises' checks are honest: every solution passes, every skeleton and wrong answer fails, by name.
+
+Each check launches real ranks (2, gloo on CPU). The wrong answers live in
+``tests/exercise_mistakes/<exercise>_<mistake>.py``; each test asserts the
+criterion that must fail and words of the message that name the mistake, and
+that the criteria a wrong answer gets right still pass (a judge that fails
+everything would not pass these tests).
+"""
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from ddp_tutorial import exercises
+from ddp_tutorial.exercises import judge
+
+MISTAKES = Path(__file__).resolve().parent / "exercise_mistakes"
+#: Seconds one run of a script may take: generous, ranks import torch in 2-6 s on a loaded machine.
+TIMEOUT = 90
+
+
+@pytest.fixture(autouse=True)
+def in_tmp_folder(tmp_path, monkeypatch):
+    """Every test works in a fresh folder: ``start`` writes my_work/ there, the checks' runs go there."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DDP_TUTORIAL_RUNS", str(tmp_path / "runs"))
+    return tmp_path
+
+
+def failed(result, criterion_start: str) -> str:
+    """The detail of the failed criterion whose name starts with ``criterion_start`` (asserts it failed)."""
+    matches = [(name, passed, detail) for name, passed, detail in result.criteria
+               if name.startswith(criterion_start)]
+    assert matches, f"no criterion {criterion_start!r} in:\n{result.message}"
+    name, passed, detail = matches[0]
+    assert not passed, f"{name!r} passed, but should fail:\n{result.message}"
+    return detail
+
+
+def passed_names(result):
+    return {name for name, passed, _ in result.criteria if passed}
+
+
+def processes_under(folder: Path):
+    """Live processes whose DDP_TUTORIAL_RUN_DIR lies under ``folder``: ranks (and torchrun) of a check."""
+    needle = f"DDP_TUTORIAL_RUN_DIR={folder.resolve()}".encode()
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != b"Z" and any(var.startswith(needle) for var in env):
+            found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, exited but not yet reaped, is not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+
+
+def assert_nothing_left(result, tmp_path):
+    assert result.pids, "the check reported no processes"
+    assert [pid for pid in result.pids if alive(pid)] == []
+    assert processes_under(tmp_path / "runs") == []
+
+
+# -- The kernel-side API, without launching anything ---------------------------
+def test_names_and_an_unknown_name():
+    assert exercises.NAMES == ("init", "wrap", "sampler", "no_sync", "teardown", "capstone")
+    for call in (exercises.check, exercises.start, exercises.hint, exercises.solution):
+        with pytest.raises(ValueError, match="init, wrap, sampler, no_sync, teardown, capstone"):
+            call("nosync")
+
+
+def test_start_writes_the_skeleton_once_and_keeps_the_learners_work(tmp_path, capsys):
+    path = exercises.start("no_sync")
+    assert path == Path("my_work") / "no_sync.py"
+    assert "TODO" in path.read_text()
+    assert "exercises.check('no_sync')" in capsys.readouterr().out
+    path.write_text("# my work\n")
+    assert exercises.start("no_sync") == path
+    assert path.read_text() == "# my work\n"
+    assert "keeping your work" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="inside the ddp_tutorial package"):
+        exercises.start("init", folder=exercises.SOLUTIONS_DIR)
+
+
+def test_hint_and_solution_print_what_they_return(capsys):
+    assert "no_sync()" in exercises.hint("no_sync")
+    assert "forward" in capsys.readouterr().out
+    source = exercises.solution("teardown")
+    assert "finally:" in source and "destroy_process_group" in source
+    assert source == (exercises.SOLUTIONS_DIR / "teardown.py").read_text()
+    assert "destroy_process_group" in capsys.readouterr().out
+
+
+def test_the_kernel_side_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys; from ddp_tutorial import exercises; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_a_missing_script_says_to_start_first():
+    result = exercises.check("wrap")
+    assert not result.passed
+    assert "no file at my_work/wrap.py" in result.message and "exercises.start('wrap')" in result.message
+
+
+# -- Every reference solution passes -------------------------------------------
+@pytest.mark.parametrize("name", exercises.NAMES)
+def test_the_solution_passes(name, tmp_path):
+    result = exercises.check(name, exercises.SOLUTIONS_DIR / f"{name}.py", timeout=TIMEOUT)
+    assert result.passed, result.message
+    assert all(passed for _, passed, _ in result.criteria)
+    assert result.message.count("✓") == len(result.criteria) and "✗" not in result.message
+    assert_nothing_left(result, tmp_path)
+
+
+# -- Every untouched skeleton fails, and says why ------------------------------
+SKELETON_FAILS = {
+    "init": ("joins one group", "init_process_group was never called"),
+    "wrap": ("the model is wrapped", "built no DistributedDataParallel"),
+    "sampler": ("a DistributedSampler gives", "iterated no DistributedSampler"),
+    "no_sync": ("one gradient all-reduce", "no_sync() was never used"),
+    "teardown": ("destroy_process_group called", "never called destroy_process_group"),
+    "capstone": ("one gradient all-reduce", "built no DDP model"),
+}
+
+
+@pytest.mark.parametrize("name", exercises.NAMES)
+def test_the_untouched_skeleton_fails(name):
+    exercises.start(name)
+    result = exercises.check(name, timeout=TIMEOUT)  # runs my_work/<name>.py
+    assert not result.passed
+    criterion, words = SKELETON_FAILS[name]
+    assert words in failed(result, criterion)
+    assert f"exercises.hint({name!r})" in result.message
+
+
+# -- Typical wrong answers fail with a message that names the mistake ----------
+# (exercise, file in exercise_mistakes/, {criterion that fails: words its message must say},
+#  a criterion the wrong answer still gets right)
+WRONG_ANSWERS = [
+    ("init", "init_hardcoded_port",
+     {"meets at the launcher's": ["hard-codes port 29500", "drop init_method"]}, None),
+    ("init", "init_world_size_one",
+     {"joins one group": ["init_process_group(rank=0, world_size=1)", "Leave rank= and world_size= out"]},
+     "meets at the launcher's"),
+    ("wrap", "wrap_module_forward",
+     {"parameters identical on every rank after every optimizer step": [
+         "no forward went through the wrapper", "not ddp_model.module(x)"]},
+     "parameters identical on every rank right after"),
+    # A crash: whichever rank fails first is named (the launcher then stops the other).
+    ("wrap", "wrap_device_ids",
+     {"runs to the end": ["failed (exit code 1) at wrap_device_ids.py, line 11", "ValueError", "device_ids"],
+      "the model is wrapped": []}, None),
+    ("sampler", "sampler_no_set_epoch",
+     {"a new order every epoch": ["repeated epoch 0's order", "sampler.set_epoch(epoch)"]},
+     "a DistributedSampler gives"),
+    ("sampler", "sampler_per_rank_data",
+     {"every rank builds the same dataset": ["different datasets", "per-rank random data"]},
+     "a new order every epoch"),
+    ("no_sync", "no_sync_forward_outside",
+     {"one gradient all-reduce": ["16 bucket all-reduces for 4 optimizer steps",
+                                  "the forward ran outside no_sync()"]},
+     "final parameters equal one process"),
+    ("no_sync", "no_sync_loss_not_divided",
+     {"final parameters equal one process": ["they match one process whose loss was not divided by K"]},
+     "one gradient all-reduce"),
+    ("teardown", "teardown_no_finally",
+     {"a rank that raises mid-training": ["rank 1 raised InjectedFailure", "No finally"]},
+     "destroy_process_group called on every rank"),
+    ("teardown", "teardown_rank0_only",
+     {"destroy_process_group called on every rank": ["rank 1 never called destroy_process_group",
+                                                     "not only some"]},
+     "a clean exit"),
+    ("capstone", "capstone_every_rank_saves",
+     {"only rank 0 writes the checkpoint": ["rank 1 also called torch.save", "rank == 0"]},
+     "runs under torchrun"),
+    # The judge recomputes one process's result with and without set_epoch, and names the one that matches.
+    ("capstone", "capstone_no_set_epoch",
+     {"a new order every epoch": ["repeated epoch 0's order", "set_epoch"],
+      "final parameters equal one process": ["they match a run that reused epoch 0's order"],
+      "runs under torchrun": ["reused epoch 0's order"]},
+     "runs unchanged as one plain process"),
+]
+
+
+@pytest.mark.parametrize("name, mistake, failing, still_passing", WRONG_ANSWERS,
+                         ids=[w[1] for w in WRONG_ANSWERS])
+def test_a_wrong_answer_fails_naming_the_mistake(name, mistake, failing, still_passing, tmp_path):
+    result = exercises.check(name, MISTAKES / f"{mistake}.py", timeout=TIMEOUT)
+    assert not result.passed
+    for criterion, words in failing.items():
+        detail = failed(result, criterion)
+        for word in words:
+            assert word in detail, f"{word!r} not in {detail!r}"
+    if still_passing:
+        assert any(n.startswith(still_passing) for n in passed_names(result)), result.message
+    assert_nothing_left(result, tmp_path)
+
+
+# -- Hangs and crashes ---------------------------------------------------------
+def test_a_hanging_script_fails_within_the_deadline_and_leaves_no_process(tmp_path):
+    t0 = time.monotonic()
+    result = exercises.check("init", MISTAKES / "init_hang.py", timeout=10)
+    assert time.monotonic() - t0 < 10 + 20  # the deadline, plus stopping the ranks and reading their reports
+    detail = failed(result, "runs to the end")
+    assert "did not finish within 10 s" in detail
+    assert_nothing_left(result, tmp_path)
+
+
+def test_a_crashing_script_fails_naming_the_rank_and_the_error(tmp_path):
+    result = exercises.check("init", MISTAKES / "init_crash.py", timeout=TIMEOUT)
+    detail = failed(result, "runs to the end")
+    assert "rank 1 failed (exit code 1) at init_crash.py, line 10" in detail
+    assert "ZeroDivisionError" in detail
+    assert judge.ALL_REDUCE_SUM in passed_names(result)  # measured before the crash
+    assert_nothing_left(result, tmp_path)
