@@ -770,7 +770,7 @@ def _start_group(cmd, world_size, run_dir, backend, attempt, max_restarts, maste
                 server, cold_reason = warmstart.acquire(cmd, envs, deadline)
             try:
                 group = _WorkerGroup(cmd, envs, echo, None if sock is None else sock.fileno(), server)
-            except warmstart.ServerUnavailable as exc:
+            except warmstart.ServerUnavailable as exc:  # the group released the server
                 # Never a failed launch because of the server: start cold, with a new socket
                 # (the one given to the stopped rank 0 may hold its dead connections).
                 cold_reason = f"the fork server failed: {exc}"

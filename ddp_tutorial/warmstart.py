@@ -133,6 +133,7 @@ class ForkServer:
             env: rank 0's environment; the server starts with it (less its run folder).
         """
         self.startup = startup_env(env)
+        self.owner = os.getpid()  # a process forked from ours inherits this object, not the server
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         server_env = {k: v for k, v in env.items() if k not in _PER_RUN}
         server_env["DDP_TUTORIAL_FORK_SERVER_ROOM"] = "." * ENV_ROOM
@@ -306,6 +307,9 @@ def acquire(argv: List[str], envs: List[Dict[str, str]], deadline: float) -> Tup
         return None, "another launch of this process is using the fork server"
     try:
         server = _SERVER
+        if server is not None and server.owner != os.getpid():  # we are a fork of the server's owner
+            server.sock.close()  # our copy only: the owner keeps its server
+            _SERVER = server = None
         if server is not None:
             server.pump()
             if server.gone or startup_env(envs[0]) != server.startup:
@@ -335,6 +339,9 @@ def acquire(argv: List[str], envs: List[Dict[str, str]], deadline: float) -> Tup
     except ServerUnavailable as exc:
         _IN_USE.release()
         return None, str(exc)
+    except BaseException:  # e.g. the stop button while the server imports torch: it stays for later
+        _IN_USE.release()
+        raise
 
 
 def release(server: ForkServer) -> None:
