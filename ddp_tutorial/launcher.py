@@ -4,7 +4,9 @@
 environment contract (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1,
 MASTER_PORT=<a port it holds>), streams their output as ``[rank r] ...``, and
 returns a ``Run`` with each rank's metrics. It never pickles notebook code and
-never forks the kernel: each rank is ``python <script>`` in a new process.
+never forks the kernel: each rank is ``python <script>`` in a new process, or,
+warm (the default), forked from a fork server that has imported torch and
+nothing else, and then set up as that new process would be (``warmstart``).
 
 The fault contract: the first rank that fails stops the whole group
 (``WorkerError`` with its traceback); a deadline turns a hang into
