@@ -7,7 +7,8 @@
 
 It prints one table: the all-reduce sweep and its α-β fit, buckets, overlap,
 accumulation, the scaling projection, and the kit's own speed as ratios measured
-side by side in the same run. ``--out`` gets ``bench.json`` and the figures.
+side by side in the same run (launches cold, warm and by torchrun; in full mode the
+notebook suite with every launch cold, then warm). ``--out`` gets ``bench.json`` and the figures.
 The notebook ``07_performance_lab.ipynb`` calls the same functions.
 This module imports no torch: the measurements run in worker processes.
 """
@@ -54,6 +55,7 @@ def run_bench(quick: bool = False, out: Optional[str] = None, notebooks: Optiona
     timed("launch", launch_speed, 1 if quick else 3)
     timed("gpu", gpu_part, quick)
     if notebooks if notebooks is not None else not quick:
+        timed("notebooks_cold", selfcheck.notebook_suite, warm=False)  # as before warm launches
         timed("notebooks", selfcheck.notebook_suite)
     results["bench_seconds"] = time.perf_counter() - t0
     if out:
@@ -149,8 +151,13 @@ def format_table(results: Dict) -> str:
     add("assumptions: " + "; ".join(proj["assumptions"]))
     add("== the kit's own speed (side by side, this run) ==")
     ln = results["launch"]
-    add(f"launch: launch() {ln['launch_s']:.2f} s vs torchrun --standalone {ln['torchrun_s']:.2f} s, "
-        f"{ln['world_size']} ranks of hello.py: ratio {ln['ratio']:.2f} (target <= 0.75); rank init_process_group "
+    add(f"launch: launch() cold {ln['launch_s']:.2f} s, warm {ln['warm_s']:.2f} s (median of "
+        f"{len(ln['warm_times'])} after a first of {ln['warm_first_s']:.2f} s; started {'/'.join(ln['warm_modes'])}), "
+        f"torchrun --standalone {ln['torchrun_s']:.2f} s, {ln['world_size']} ranks of hello.py: cold ratio "
+        f"{ln['ratio']:.2f} (target <= 0.75), warm ratio {ln['warm_ratio']:.2f} (target <= 0.2)")
+    sv = ln["server"]
+    add(f"  fork server, idle: RSS {sv['rss_mb']:.0f} MB (PSS {sv['pss_mb']:.0f} MB), {sv['threads']} thread(s)")
+    add(f"  cold ranks: init_process_group "
         f"{ln['init_s'] * 1e3:.0f} ms (median); import torch {ln['import_torch_s']:.2f} s, floor "
         f"{ln['floor_s']:.2f} s ({ln['world_size']} imports on {min(ln['cores'], ln['world_size'])} cores)")
     for label, key, total in (("as is", "phases", ln["probe_s"]), ("with the store wait", "fixed_phases", ln["fixed_s"])):
@@ -165,7 +172,11 @@ def format_table(results: Dict) -> str:
     fi = ddp["fidelity"]
     add(f"sync-time fidelity: SyncTimer {_ms(fi['synctimer_s'])} vs DDP logger avg_backward_comm_time "
         f"{_ms(fi['ddp_logger_s'])}: ratio {fi['ratio']:.2f} (target within 25%)")
-    nb = results.get("notebooks")
+    nb, nb_cold = results.get("notebooks"), results.get("notebooks_cold")
+    if nb is not None and nb_cold is not None and "skipped" not in nb and "skipped" not in nb_cold:
+        add(f"notebook suite, all launches cold: {nb_cold['seconds']:.0f} s "
+            f"({'passed' if nb_cold['passed'] else 'FAILED'}: {nb_cold['summary']}); warm: {nb['seconds']:.0f} s, "
+            f"warm / cold {nb['seconds'] / nb_cold['seconds']:.2f} (target <= 0.5)")
     if nb is None:
         add("notebook suite: not timed (quick mode; run the full bench)")
     elif "skipped" in nb:
@@ -213,6 +224,7 @@ def headline_numbers(results: Dict) -> Dict[str, float]:
         "bucket_speedup": max(r["backward_s"] for r in buckets) / min(r["backward_s"] for r in buckets),
         "overlap_s": ddp["overlap"]["avg_backward_compute_comm_overlap_time_s"],
         "launch_ratio": results["launch"]["ratio"], "launch_fixed_ratio": results["launch"]["fixed_ratio"],
+        "launch_warm_ratio": results["launch"]["warm_ratio"],
         "instrumentation_overhead": ddp["overhead"]["overhead"],
         "sync_fidelity_ratio": ddp["fidelity"]["ratio"],
         **{f"efficiency[{p['job']}, {p['alpha']}, K={p['accum_steps']}, {k}]": v

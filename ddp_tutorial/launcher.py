@@ -4,7 +4,9 @@
 environment contract (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1,
 MASTER_PORT=<a port it holds>), streams their output as ``[rank r] ...``, and
 returns a ``Run`` with each rank's metrics. It never pickles notebook code and
-never forks the kernel: each rank is ``python <script>`` in a new process.
+never forks the kernel: each rank is ``python <script>`` in a new process, or,
+warm (the default), forked from a fork server that has imported torch and
+nothing else, and then set up as that new process would be (``warmstart``).
 
 The fault contract: the first rank that fails stops the whole group
 (``WorkerError`` with its traceback); a deadline turns a hang into
@@ -42,7 +44,7 @@ from collections.abc import Mapping, Sequence as SequenceABC
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ddp_tutorial import runfolder
+from ddp_tutorial import runfolder, warmstart
 from ddp_tutorial.backend import BACKENDS
 from ddp_tutorial.runfolder import Run
 
@@ -414,19 +416,43 @@ class _WorkerGroup:
     """
 
     def __init__(self, cmd: List[str], envs: List[Dict[str, str]], echo: str,
-                 store_fd: Optional[int] = None):
+                 store_fd: Optional[int] = None, server: Optional[warmstart.ForkServer] = None):
+        """Start one process per environment in ``envs``, each running ``cmd``.
+
+        Args:
+            store_fd: the store's listening socket, for rank 0.
+            server: a fork server acquired for this group (``warmstart.acquire``): the
+                ranks are forked from it; None starts them as new processes. The group
+                releases it in ``close``.
+
+        Raises:
+            warmstart.ServerUnavailable: the server failed while starting the ranks
+                (those started were stopped): start the group cold instead.
+        """
         self.output: Dict[int, List[str]] = {r: [] for r in range(len(envs))}
         self.exit_codes: Dict[int, Optional[int]] = {r: None for r in range(len(envs))}
         self.echo = echo
         self.port: Optional[int] = None
-        self.procs: List[subprocess.Popen] = []
+        self.procs: List[subprocess.Popen] = []  # or warmstart.WarmRank, forked by the server
+        self._server = server
         self._poll = select.poll()
+        self._server_fd: Optional[int] = None
+        if server is not None:  # the server reports each rank's exit on its socket
+            self._server_fd = server.fileno()
+            self._poll.register(self._server_fd, select.POLLIN)
         self._pipes: Dict[int, Tuple[int, io.IncrementalNewlineDecoder, object]] = {}
         self._pidfds: Dict[int, int] = {}
         self._partial: Dict[int, str] = {r: "" for r in range(len(envs))}
         _LIVE_GROUPS.add(self)
         try:
+            if server is not None:
+                cwd, umask = os.getcwd(), _current_umask()
             for rank, env in enumerate(envs):
+                if server is not None:
+                    p = server.spawn(cmd, env, cwd, umask, store_fd if rank == 0 else None)
+                    self.procs.append(p)
+                    self._watch(rank, p)
+                    continue
                 # start_new_session: the rank gets its own process group, so a kill
                 # reaches anything it started, and a terminal's Ctrl-C reaches only us.
                 try:
@@ -461,7 +487,11 @@ class _WorkerGroup:
     def pump(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for output or an exit; handle every line that came."""
         for fd, _ in self._poll.poll(max(0, int(timeout_s * 1000))):
-            if fd in self._pidfds:
+            if fd == self._server_fd:
+                self._server.pump()
+                if self._server.gone:  # its socket would read as ready from now on
+                    self._unwatch_server()
+            elif fd in self._pidfds:
                 self._unwatch_pidfd(fd)
             elif fd in self._pipes:
                 rank, decoder, _ = self._pipes[fd]
@@ -504,8 +534,9 @@ class _WorkerGroup:
         for rank, p in enumerate(self.procs):
             if p.returncode is not None or not _has_exited(p):
                 continue
-            _killpg(p, signal.SIGKILL)  # leftovers, e.g. a DataLoader worker
-            _wait_for_members(p.pid, time.monotonic() + KILL_WAIT_S)
+            if not getattr(p, "lost", False):  # a lost warm rank's pid may be another's by now
+                _killpg(p, signal.SIGKILL)  # leftovers, e.g. a DataLoader worker
+                _wait_for_members(p.pid, time.monotonic() + KILL_WAIT_S)
             p.wait()  # it has exited: returns at once
             self.exit_codes[rank] = p.returncode
         if all(p.returncode is not None for p in self.procs):
@@ -541,10 +572,27 @@ class _WorkerGroup:
             self._close_pipe(fd)
         for fd in list(self._pidfds):
             self._unwatch_pidfd(fd)
+        if self._server is not None:
+            self._unwatch_server()
+            warmstart.release(self._server)
+            self._server = None
+
+    def _unwatch_server(self) -> None:
+        if self._server_fd is not None:
+            self._poll.unregister(self._server_fd)
+            self._server_fd = None
+
+
+def _current_umask() -> int:
+    umask = os.umask(0o022)  # reading it means setting it: put it straight back
+    os.umask(umask)
+    return umask
 
 
 def _has_exited(p: subprocess.Popen) -> bool:
     """Whether ``p`` has exited, without reaping it (where the OS allows)."""
+    if isinstance(p, warmstart.WarmRank):  # the server keeps it unreaped until we say so
+        return p.exited()
     if not hasattr(os, "waitid"):  # e.g. macOS: this reaps, so no group sweep follows
         return p.poll() is not None
     try:
@@ -589,7 +637,7 @@ def _wait_for_members(pgid: int, deadline: float) -> bool:
 
 def _killpg(p: subprocess.Popen, sig: int) -> None:
     """Signal the process group of rank ``p``, only while ``p`` is not reaped (its pid is ours)."""
-    if p.returncode is not None:
+    if p.returncode is not None or getattr(p, "lost", False):
         return
     try:
         os.killpg(p.pid, sig)  # the group: the rank and anything it started
@@ -607,7 +655,7 @@ def _stop_all_groups() -> None:
 def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float = 120.0,
            backend: str = "auto", run_dir=None, env: Optional[Dict[str, str]] = None,
            echo: str = "all", max_restarts: int = 0, master_port: Optional[int] = None,
-           grace: float = 1.0) -> Run:
+           grace: float = 1.0, warm: Optional[bool] = None) -> Run:
     """Run ``script`` as ``world_size`` processes, one per rank, and return their results.
 
     Args:
@@ -624,9 +672,14 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
         master_port: a fixed port, 1-65535, instead of one ``launch`` binds itself
             (to show why not to hard-code it); rank 0 binds it on 127.0.0.1.
         grace: seconds (finite, >= 0) between SIGTERM and SIGKILL when stopping workers.
+        warm: fork the ranks from this process's fork server, which keeps torch imported
+            (``warmstart``); False starts each rank as a new process; None (default):
+            warm unless ``DDP_TUTORIAL_WARM=0``. nccl, and anything the server cannot
+            serve safely, starts cold all the same; ``run.start_mode`` says which it was.
 
     Returns:
-        The ``Run``: per-rank metrics from ``run_dir``, output lines and wall time.
+        The ``Run``: per-rank metrics from ``run_dir``, output lines, wall time, and
+        ``start_mode`` ("warm" or "cold"; ``cold_reason`` says why, if cold).
 
     Raises:
         LaunchConfigError: bad input; nothing was started and no folder made.
@@ -641,6 +694,8 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
     backend = _choice("backend", backend, BACKENDS)
     echo = _choice("echo", echo, ECHOES)
     max_restarts = _integer("max_restarts", max_restarts, 0)
+    if warm is not None and not isinstance(warm, bool):
+        raise _refuse("warm", "True, False or None", warm)
     if master_port is not None:
         master_port = _integer("master_port", master_port, 1, 65535)
     args = _args_param(args)
@@ -666,10 +721,17 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
     cmd = [sys.executable, "-u", BOOTSTRAP, *target, *args]
 
     deadline = t0 + timeout
+    if not (warmstart.warm_by_default() if warm is None else warm):
+        cold_reason = "warm launches are turned off (warm=False or DDP_TUTORIAL_WARM=0)"
+    elif backend == "nccl":  # CUDA in a forked process is not what a cold rank gets: start cold
+        cold_reason = "nccl launches start cold"
+    else:
+        cold_reason = None
     attempt = 0
     while True:
         group, port = _start_group(cmd, world_size, run_dir, backend, attempt, max_restarts,
-                                   master_port, extra_env, echo)
+                                   master_port, extra_env, echo, cold_reason, deadline)
+        runfolder.note_start(run_dir, attempt, group.start_mode, group.cold_reason)
         try:
             output, exit_codes = _supervise(group, deadline, timeout, run_dir, grace)
             break
@@ -682,28 +744,45 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
     run = Run(run_dir, world_size)
     run.output, run.exit_codes = output, exit_codes
     run.pids, run.master_port = group.pids, port
+    run.start_mode, run.cold_reason = group.start_mode, group.cold_reason
     run.wall_seconds = time.monotonic() - t0
     return run
 
 
 def _start_group(cmd, world_size, run_dir, backend, attempt, max_restarts, master_port,
-                 extra_env, echo) -> Tuple[_WorkerGroup, int]:
-    """Start one attempt's ranks; rank 0 gets the store's listening socket (or binds master_port)."""
-    try:
-        sock = None if master_port else _listen_socket()
-    except OSError as exc:
-        raise LaunchError(f"could not open a listening socket on {LOOPBACK}: {exc}") from exc
-    try:
-        port = master_port or sock.getsockname()[1]
-        store = "bind" if sock is None else f"fd:{sock.fileno()}"
-        envs = [_worker_env(r, world_size, port, run_dir, backend, attempt, max_restarts,
-                            store if r == 0 else "join", extra_env) for r in range(world_size)]
-        group = _WorkerGroup(cmd, envs, echo, None if sock is None else sock.fileno())
-    finally:
-        if sock is not None:
-            sock.close()  # rank 0 holds it now: the port is free again once rank 0 exits
-    group.port = port
-    return group, port
+                 extra_env, echo, cold_reason: Optional[str], deadline: float) -> Tuple[_WorkerGroup, int]:
+    """Start one attempt's ranks; rank 0 gets the store's listening socket (or binds master_port).
+
+    Args:
+        cold_reason: None to fork the ranks from the fork server if it can, else why not.
+        deadline: the launch's (a fork server still starting is waited for within it).
+    """
+    while True:
+        try:
+            sock = None if master_port else _listen_socket()
+        except OSError as exc:
+            raise LaunchError(f"could not open a listening socket on {LOOPBACK}: {exc}") from exc
+        try:
+            port = master_port or sock.getsockname()[1]
+            store = "bind" if sock is None else f"fd:{sock.fileno()}"
+            envs = [_worker_env(r, world_size, port, run_dir, backend, attempt, max_restarts,
+                                store if r == 0 else "join", extra_env) for r in range(world_size)]
+            server = None
+            if cold_reason is None:
+                server, cold_reason = warmstart.acquire(cmd, envs, deadline)
+            try:
+                group = _WorkerGroup(cmd, envs, echo, None if sock is None else sock.fileno(), server)
+            except warmstart.ServerUnavailable as exc:  # the group released the server
+                # Never a failed launch because of the server: start cold, with a new socket
+                # (the one given to the stopped rank 0 may hold its dead connections).
+                cold_reason = f"the fork server failed: {exc}"
+                continue
+        finally:
+            if sock is not None:
+                sock.close()  # rank 0 holds it now: the port is free again once rank 0 exits
+        group.port = port
+        group.start_mode, group.cold_reason = ("warm", None) if server is not None else ("cold", cold_reason)
+        return group, port
 
 
 def _supervise(group: _WorkerGroup, deadline: float, timeout: float, run_dir: Path, grace: float):

@@ -164,6 +164,8 @@ class Run:
         records: per rank, every record of the file, of every attempt, in order.
         output: per rank, the lines the worker printed (filled in by ``launch``).
         wall_seconds: launch wall time (filled in by ``launch``).
+        start_mode: "warm" (forked by the fork server) or "cold" (new processes), from the
+            claim file; ``cold_reason``: why it started cold (filled in by ``launch``).
     """
 
     def __init__(self, run_dir, world_size: Optional[int] = None, attempt: Optional[int] = None):
@@ -180,6 +182,8 @@ class Run:
         self.pids: List[int] = []  # worker pids (filled in by ``launch``)
         self.master_port: Optional[int] = None
         self.exit_codes: Dict[int, Optional[int]] = {}
+        self.start_mode: Optional[str] = start_mode(self.run_dir)  # "warm" or "cold", as launch recorded
+        self.cold_reason: Optional[str] = None  # why it started cold (filled in by ``launch``)
         self.reload()
         self.world_size = world_size if world_size is not None else len(self.ranks) or None
 
@@ -292,6 +296,29 @@ def check_folder(path: Path, name: str, empty: bool = True) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise RunFolderError(f"{name} {str(path)!r} cannot be written: no write permission "
                              f"on {str(existing)!r}")
+
+
+def note_start(path: Path, attempt: int, mode: str, cold_reason: Optional[str]) -> None:
+    """Add how attempt ``attempt`` started ("warm" or "cold", and why cold) to the claim file.
+
+    Written to a temporary file and renamed over the claim, so the claim never disappears.
+    """
+    claim_path = Path(path) / CLAIM_FILE
+    info = json.loads(claim_path.read_text())
+    info["start_mode"] = mode
+    info["cold_reason"] = cold_reason
+    info.setdefault("start_modes", {})[str(attempt)] = mode
+    tmp = claim_path.with_name(f"{CLAIM_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(info))
+    os.replace(tmp, claim_path)
+
+
+def start_mode(path) -> Optional[str]:
+    """How the latest attempt of the run in ``path`` started ("warm", "cold"), or None if not told."""
+    try:
+        return json.loads((Path(path) / CLAIM_FILE).read_text()).get("start_mode")
+    except (OSError, ValueError):
+        return None
 
 
 def claim(run_dir, stem: str, name: str, info: Dict[str, object]) -> Path:

@@ -104,6 +104,9 @@ def test_quick_bench_computes_every_fit_and_ratio(quick_bench):
     assert not not_finite
     assert numbers["alpha_s"] > 0 and numbers["bandwidth"] > 0
     assert numbers["launch_ratio"] > 0 and numbers["sync_fidelity_ratio"] > 0
+    launch = results["launch"]
+    assert numbers["launch_warm_ratio"] > 0 and launch["warm_modes"] == ["warm"] and len(launch["warm_times"]) == 5
+    assert launch["server"]["threads"] == 1 and launch["server"]["rss_mb"] > 0
     fits = results["allreduce"]["fit_by_world_size"]
     assert sorted(fits) == [2, 4]
     for fit in fits.values():
@@ -138,7 +141,7 @@ def test_quick_bench_prints_a_table_and_saves_figures(quick_bench):
     results, out = quick_bench
     table = bench.format_table(results)
     for needle in ("ring fit: alpha", "fit of 2 ranks alone", "fit of 4 ranks alone", "cross-check at 16 MB", "bucket_cap_mb", "overlap", "accumulation",
-                   "scaling projection", "launch: launch()", "instrumentation:", "sync-time fidelity:", "GPU:"):
+                   "scaling projection", "launch: launch()", "fork server, idle: RSS", "instrumentation:", "sync-time fidelity:", "GPU:"):
         assert needle in table
     saved = {p.name for p in out.iterdir()}
     assert {"bench.json", "allreduce_sweep.png", "bucket_sweep.png", "overlap.png", "accumulation.png",

@@ -29,6 +29,7 @@ import ddp_tutorial
 from ddp_tutorial import (TRAIN_SCRIPT, LaunchConfigError, LaunchError, LaunchTimeout, WorkerError,
                           config, launch, launcher, runfolder)
 from ddp_tutorial.rank.checkpoint import CheckpointError, check_settings, save_checkpoint, temp_files
+from ddp_tutorial import warmstart
 from ddp_tutorial.runfolder import MetricsWriter, Run, counted
 from conftest import processes_of_run
 from test_launcher import wait_for
@@ -44,17 +45,20 @@ TINY = ["--dataset-size", "64", "--batch-size", "4", "--epochs", "1"]
 
 
 def child_processes() -> list:
-    """Pids of live (not zombie) processes whose parent is this test process."""
-    me, found = str(os.getpid()), []
+    """Pids of live (not zombie) processes started by this test process: its children, and
+    the children of its fork server (warm ranks); the idle fork server itself is not counted."""
+    server = warmstart.server_pid()
+    parents = {str(os.getpid()).encode()} | ({str(server).encode()} if server else set())
+    found = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or int(entry) == server:
             continue
         try:
             with open(f"/proc/{entry}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except (FileNotFoundError, ProcessLookupError):
             continue
-        if fields[1] == me.encode() and fields[0] != b"Z":
+        if fields[1] in parents and fields[0] != b"Z":
             found.append(int(entry))
     return found
 
@@ -504,6 +508,11 @@ def test_many_launches_with_kept_failures_leave_fds_and_threads_flat(runs_root):
     assert not child_processes()
 
 
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[1])
+
+
 def test_signals_go_only_to_unreaped_ranks_of_this_launch(monkeypatch):
     sent = []
     real_killpg = os.killpg
@@ -519,8 +528,12 @@ def test_signals_go_only_to_unreaped_ranks_of_this_launch(monkeypatch):
         launch(FAIL_FAST, 3, echo="none", timeout=60)
     run = launch(PRINT_LINES, 2, echo="none", timeout=60)
     assert sent, "no group was signalled"
+    assert info.value.run.start_mode == run.start_mode == "warm"
+    server = warmstart.server_pid()
+    assert server and parent_of(server) == os.getpid()  # the fork server is our child
     for pgid, _, ppid in sent:
-        assert ppid == os.getpid()  # ...and ours: a rank of this launch, whose pid is its group id
+        # ...and ours: a rank of this launch (our child, or our fork server's), whose pid is its group id
+        assert ppid in (os.getpid(), server)
         assert pgid in info.value.run.pids + run.pids
     count = len(sent)
     group = launcher._WorkerGroup([sys.executable, "-c", "pass"], [dict(os.environ)], "none")

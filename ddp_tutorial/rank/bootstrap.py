@@ -3,7 +3,8 @@
 ``launch`` runs ``python rank/bootstrap.py SCRIPT ARGS...`` (or ``-m MODULE ARGS...``)
 for each rank. On Linux the worker asks the kernel to SIGKILL it when the
 launcher dies, so even a killed notebook kernel leaves no orphan ranks.
-This file imports nothing heavy: the script pays for its own imports. When the
+This file imports nothing heavy: the script pays for its own imports (a rank
+forked by ``forkserver.py`` starts with torch imported, and runs ``run_rank`` too). When the
 script ends, the worker runs its atexit handlers, flushes stdout and stderr, and
 exits at once (see ``main``): close your own files before the script ends.
 
@@ -28,13 +29,22 @@ _STORE = []
 
 
 def die_with_launcher() -> None:
-    launcher_pid = int(os.environ.get("DDP_TUTORIAL_LAUNCHER_PID", "0"))
+    die_with_parent(int(os.environ.get("DDP_TUTORIAL_LAUNCHER_PID", "0")))
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies; exit now if it already has.
+
+    Args:
+        parent_pid: the parent expected (the launcher, or for a warm rank the fork
+            server, which itself dies with the launcher); 0 checks nothing.
+    """
     if sys.platform.startswith("linux"):
         import ctypes
 
         PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    if launcher_pid and os.getppid() != launcher_pid:  # it died before prctl took effect
+    if parent_pid and os.getppid() != parent_pid:  # it died before prctl took effect
         os._exit(1)
 
 
@@ -147,13 +157,25 @@ def prepare_store() -> None:
             host_store(*socket_and_port)
         fresh_key_space_per_rendezvous()
 
-    sys.meta_path.insert(0, _AfterTorchImport(when_torch_is_in))
+    if "torch" in sys.modules:  # a rank forked by the fork server: torch is in already
+        when_torch_is_in()
+    else:
+        sys.meta_path.insert(0, _AfterTorchImport(when_torch_is_in))
 
 
 def main() -> None:
     die_with_launcher()
     if len(sys.argv) < 2:
         sys.exit("usage: bootstrap.py SCRIPT [ARGS...] | -m MODULE [ARGS...]")
+    run_rank()
+
+
+def run_rank() -> None:
+    """What every rank does once it exists, started cold or forked by the fork server.
+
+    Hosts or joins the store, runs the script (``sys.argv[1:]``) as ``__main__``,
+    reports its exception as Python would, and exits without the interpreter's teardown.
+    """
     prepare_store()
     code = 0
     try:

@@ -13,6 +13,7 @@ with its median time. This is not part of the teaching API: it checks the kit.
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import subprocess
 import sys
@@ -42,17 +43,23 @@ def busy_core(enabled: bool = True) -> Iterator[Optional[int]]:
         proc.stdout.close()
 
 
-def notebook_round(notebooks: Sequence[Path], timeout: float = 900.0) -> Dict[str, Dict]:
+def notebook_round(notebooks: Sequence[Path], timeout: float = 900.0,
+                   env: Optional[Dict[str, str]] = None) -> Dict[str, Dict]:
     """One ``pytest --nbmake`` over ``notebooks``; per notebook ``passed`` and ``seconds``.
 
     A notebook that did not run at all (pytest crashed, the round timed out) counts as failed.
+
+    Args:
+        env: extra environment variables for pytest and the notebook kernels
+            (``{"DDP_TUTORIAL_WARM": "0"}``: every launch starts cold).
     """
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "junit.xml"
         cmd = [sys.executable, "-m", "pytest", "--nbmake", "-q", "-p", "no:cacheprovider",
                f"--junitxml={report}", *map(str, notebooks)]
         try:
-            subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                           env=None if env is None else {**os.environ, **env})
         except subprocess.TimeoutExpired:
             pass
         results = {nb.name: {"passed": False, "seconds": float("nan"), "error": "did not run"}
@@ -133,13 +140,17 @@ def format_rounds(result: Dict) -> str:
     return "\n".join(lines)
 
 
-def notebook_suite(folder: str = "notebooks", timeout: float = 600.0) -> Dict:
-    """Wall seconds of one ``pytest --nbmake`` round over ``folder`` (target: under 180 s on 2 cores)."""
+def notebook_suite(folder: str = "notebooks", timeout: float = 600.0, warm: bool = True) -> Dict:
+    """Wall seconds of one ``pytest --nbmake`` round over ``folder`` (target: under 180 s on 2 cores).
+
+    Args:
+        warm: False runs every launch of the notebooks cold (``DDP_TUTORIAL_WARM=0``).
+    """
     notebooks = sorted(Path(folder).glob("*.ipynb"))
     if not notebooks:
         return {"skipped": f"no notebooks in {folder!r}"}
     t0 = time.perf_counter()
-    results = notebook_round(notebooks, timeout)
+    results = notebook_round(notebooks, timeout, None if warm else {"DDP_TUTORIAL_WARM": "0"})
     seconds = time.perf_counter() - t0
     failed = [name for name, r in results.items() if not r["passed"]]
     return {"seconds": seconds, "ratio": seconds / 180.0, "notebooks": [n.name for n in notebooks],

@@ -12,8 +12,10 @@ import sys
 import time
 from typing import Dict, List
 
+from ddp_tutorial import warmstart
 from ddp_tutorial.launcher import launch, scripts_path
 from ddp_tutorial.perf.costmodel import median
+
 
 def import_torch_seconds(repeats: int = 1) -> float:
     """Wall seconds of ``python -c "import torch"``: what every rank pays before it does anything."""
@@ -41,14 +43,50 @@ def launch_phases(run, t0: float, t1: float) -> Dict[str, float]:
             "exit": t1 - max(stamps["finished"])}  # interpreter teardown, reaping
 
 
-def launch_speed(repeats: int = 3, world_size: int = 4, timeout: float = 120.0) -> Dict:
-    """``launch`` vs ``torchrun --standalone`` on hello.py, alternating, medians of ``repeats`` each.
+def server_memory(pid: int) -> Dict[str, float]:
+    """The fork server's resident memory (MB), its share of it (PSS, MB) and its thread count."""
+    with open(f"/proc/{pid}/status") as f:
+        rss_kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            pss_kb = next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+    except (OSError, StopIteration):
+        pss_kb = float("nan")
+    return {"rss_mb": rss_kb / 1024, "pss_mb": pss_kb / 1024, "threads": len(os.listdir(f"/proc/{pid}/task"))}
 
-    Each repeat also launches ``launch_probe.py`` twice, as is and with ranks
+
+def warm_launch_speed(world_size: int = 4, repeats: int = 5, timeout: float = 120.0) -> Dict:
+    """Warm ``launch`` of hello.py: the first (which starts the fork server if none runs) and the
+    median of ``repeats`` after it; then the idle server's memory and thread count."""
+    hello = scripts_path("hello.py")
+    t0 = time.perf_counter()
+    run = launch(hello, world_size, timeout=timeout, echo="none", warm=True)
+    first_s = time.perf_counter() - t0
+    modes = {run.start_mode}
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run = launch(hello, world_size, timeout=timeout, echo="none", warm=True)
+        times.append(time.perf_counter() - t0)
+        modes.add(run.start_mode)
+    pid = warmstart.server_pid()
+    return {"warm_first_s": first_s, "warm_s": median(times), "warm_times": times,
+            "warm_modes": sorted(modes), "cold_reason": run.cold_reason,
+            "server": server_memory(pid) if pid else {"rss_mb": float("nan"), "pss_mb": float("nan"),
+                                                      "threads": 0}}
+
+
+def launch_speed(repeats: int = 3, world_size: int = 4, timeout: float = 120.0, warm_repeats: int = 5) -> Dict:
+    """Cold ``launch`` vs ``torchrun --standalone`` on hello.py, alternating, medians of ``repeats``
+    each; then warm ``launch`` (``warm_launch_speed``, median of ``warm_repeats``).
+
+    Each repeat also launches ``launch_probe.py`` twice, cold, as is and with ranks
     waiting for rank 0's store before init (``--wait-for-store``), to show where the time goes.
 
     Returns:
-        ``launch_s``, ``torchrun_s``, ``ratio`` (target <= 0.75), ``fixed_s`` and
+        ``launch_s`` (cold), ``torchrun_s``, ``ratio`` (cold / torchrun, target <= 0.75),
+        ``warm_s``, ``warm_first_s``, ``warm_ratio`` (warm / torchrun, target <= 0.2),
+        ``warm_modes``, ``server`` (the idle fork server's ``rss_mb``, ``pss_mb``, ``threads``), ``fixed_s`` and
         ``fixed_ratio`` (the probe with the store wait), ``phases`` and ``fixed_phases``
         (``launch_phases`` medians), the ranks' median ``init_s`` under launch,
         ``import_torch_s`` and ``floor_s`` (world_size imports shared by the cores).
@@ -61,7 +99,7 @@ def launch_speed(repeats: int = 3, world_size: int = 4, timeout: float = 120.0) 
     init_s: List[float] = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        run = launch(hello, world_size, timeout=timeout, echo="none")
+        run = launch(hello, world_size, timeout=timeout, echo="none", warm=False)
         times["launch"].append(time.perf_counter() - t0)
         init_s += [run.result(r, "init_s") for r in range(world_size)]
         t0 = time.perf_counter()
@@ -70,9 +108,10 @@ def launch_speed(repeats: int = 3, world_size: int = 4, timeout: float = 120.0) 
         times["torchrun"].append(time.perf_counter() - t0)
         for name, flags in (("probe", []), ("fixed", ["--wait-for-store"])):
             wall0, t0 = time.time(), time.perf_counter()
-            run = launch(probe, world_size, flags, timeout=timeout, echo="none")
+            run = launch(probe, world_size, flags, timeout=timeout, echo="none", warm=False)
             times[name].append(time.perf_counter() - t0)
             phases[name].append(launch_phases(run, wall0, time.time()))
+    warm = warm_launch_speed(world_size, warm_repeats, timeout)
     import_s = import_torch_seconds()
     cores = os.cpu_count() or 1
     med = {name: median(values) for name, values in times.items()}
@@ -82,5 +121,6 @@ def launch_speed(repeats: int = 3, world_size: int = 4, timeout: float = 120.0) 
             "fixed_phases": {k: median([p[k] for p in phases["fixed"]]) for k in phases["fixed"][0]},
             "init_s": median(init_s), "import_torch_s": import_s,
             "floor_s": world_size * import_s / min(cores, world_size), "cores": cores,
-            "world_size": world_size, "repeats": repeats}
+            "world_size": world_size, "repeats": repeats,
+            **warm, "warm_ratio": warm["warm_s"] / med["torchrun"]}
 

@@ -1,0 +1,204 @@
+"""Warm launches: ranks forked from the fork server behave like cold ones, and the server never
+makes a launch fail (it dies, it refuses, it is turned off: the launch starts cold)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ddp_tutorial
+from ddp_tutorial import launch, launcher, warmstart
+from conftest import pid_alive, processes_of_run
+from test_launcher import LAUNCH_IN_CHILD, SCRIPTS, _is_rank, wait_for
+
+PRINT_LINES = str(SCRIPTS / "print_lines.py")
+FRESH_STATE = '''
+import json, os, random, sys
+import numpy, torch
+print(json.dumps({"random": random.random(), "numpy": float(numpy.random.rand()),
+                  "torch": torch.rand(1).item(), "torch_seed": torch.initial_seed()}), flush=True)
+'''
+PROBE = '''
+import json, os, sys
+import torch  # as a DDP script does: rank 0 hosts the store from here on, in both
+def proc(name):
+    with open(f"/proc/self/{name}", "rb") as f:
+        return [os.fsdecode(s) for s in f.read().split(b"\\0") if s]
+umask = os.umask(0); os.umask(umask)
+fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+print(json.dumps({
+    "name": __name__, "file": __file__, "argv": sys.argv, "orig_argv": sys.orig_argv,
+    "path0": sys.path[0], "path": sys.path[1:], "cwd": os.getcwd(), "umask": umask,
+    "env": dict(os.environ), "proc_environ": proc("environ"), "cmdline": proc("cmdline"),
+    "fds": fds, "threads": len(os.listdir("/proc/self/task")), "pgid_is_pid": os.getpgid(0) == os.getpid(),
+    "sid_is_pid": os.getsid(0) == os.getpid(), "unbuffered": sys.stdout.write_through,
+    "stdin": os.path.realpath("/proc/self/fd/0"), "stdout_is_pipe": os.readlink("/proc/self/fd/1").startswith("pipe:"),
+    "same_out": os.readlink("/proc/self/fd/1") == os.readlink("/proc/self/fd/2"),
+    "sigint": str(__import__("signal").getsignal(2)), "sigpipe": str(__import__("signal").getsignal(13)),
+}), flush=True)
+'''
+
+
+@pytest.fixture
+def script_file(tmp_path):
+    def write(text: str, name: str = "script.py") -> str:
+        path = tmp_path / "scripts" / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+        return str(path)
+    return write
+
+
+def reported(run, rank: int = 0):
+    return json.loads(run.output[rank][-1])
+
+
+def test_ranks_start_warm_by_default_and_the_claim_file_says_so():
+    run = launch(PRINT_LINES, 2, echo="none")
+    assert run.start_mode == "warm" and run.cold_reason is None
+    claim = json.loads((run.run_dir / ".launch.json").read_text())
+    assert claim["start_mode"] == "warm" and claim["start_modes"] == {"0": "warm"}
+    assert ddp_tutorial.Run(run.run_dir).start_mode == "warm"
+    assert sorted(p.name for p in run.run_dir.iterdir()) == [".launch.json"]  # no rank file format changed
+    assert run.output[1] == [f"line {i} of rank 1" for i in range(3)]
+
+
+def test_a_warm_rank_looks_like_a_cold_one(script_file, tmp_path, monkeypatch):
+    script = script_file(PROBE)
+    monkeypatch.chdir(tmp_path)
+    cold = launch(script, 2, ["--flag", "x y"], echo="none", warm=False)
+    warm = launch(script, 2, ["--flag", "x y"], echo="none")
+    assert (cold.start_mode, warm.start_mode) == ("cold", "warm")
+    for rank in (0, 1):
+        c, w = reported(cold, rank), reported(warm, rank)
+        # /proc shows the rank's own environment (orphan checks and `ps e` read it there)
+        for r in (c, w):
+            shown = {e for e in r["proc_environ"] if not e.startswith("DDP_TUTORIAL_STORE=")}
+            assert shown == {f"{k}={v}" for k, v in r["env"].items()}
+        stores = [[e.split("=")[1][:3] for e in r["proc_environ"] if e.startswith("DDP_TUTORIAL_STORE=")]
+                  for r in (c, w)]
+        assert stores[0] == stores[1] == [["fd:", "joi"][rank]]
+        for run_specific in ("DDP_TUTORIAL_RUN_DIR", "MASTER_PORT"):
+            assert c["env"].pop(run_specific) != w["env"].pop(run_specific)
+        if rank == 0:  # the store's listening socket: passed at a descriptor number of its own
+            assert c["env"].pop("DDP_TUTORIAL_STORE", None) is None is w["env"].pop("DDP_TUTORIAL_STORE", None)
+        for key in ("env", "name", "file", "argv", "orig_argv", "path0", "path", "cwd", "umask",
+                    "threads", "pgid_is_pid", "sid_is_pid", "unbuffered", "stdin", "stdout_is_pipe",
+                    "same_out", "sigint", "sigpipe"):
+            assert w[key] == c[key], key
+        assert w["argv"] == [script, "--flag", "x y"] and w["cwd"] == str(tmp_path)
+        assert w["cmdline"][:3] == [sys.executable, "-u", launcher.BOOTSTRAP] and w["cmdline"][3:] == w["argv"]
+        assert w["cmdline"] == c["cmdline"]
+        assert len(w["fds"]) == len(c["fds"]), (w["fds"], c["fds"])  # 0, 1, 2 and rank 0's store
+
+
+def test_the_server_is_single_threaded_and_lives_in_its_own_session():
+    launch(PRINT_LINES, 1, echo="none")
+    server = warmstart.server_pid()
+    assert server is not None
+    assert len(os.listdir(f"/proc/{server}/task")) == 1
+    assert os.getsid(server) == server != os.getsid(0)
+
+
+def test_an_edited_script_is_picked_up_by_the_next_warm_launch(script_file):
+    script = script_file("print('version 1')\n")
+    first = launch(script, 2, echo="none")
+    Path(script).write_text("print('version 2')\n")
+    second = launch(script, 2, echo="none")
+    assert first.start_mode == second.start_mode == "warm"
+    assert first.output == {0: ["version 1"], 1: ["version 1"]}
+    assert second.output == {0: ["version 2"], 1: ["version 2"]}
+
+
+def test_random_state_differs_across_ranks_and_warm_launches(script_file):
+    script = script_file(FRESH_STATE)
+    runs = [launch(script, 2, echo="none") for _ in range(2)]
+    assert all(run.start_mode == "warm" for run in runs)
+    states = [reported(run, rank) for run in runs for rank in (0, 1)]
+    for generator in ("random", "numpy", "torch", "torch_seed"):
+        assert len({s[generator] for s in states}) == 4, (generator, states)
+
+
+def test_the_server_killed_between_two_launches_costs_the_next_one_nothing():
+    first = launch(PRINT_LINES, 2, echo="none")
+    server = warmstart.server_pid()
+    os.kill(server, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(server), 5, "the server to die")
+    second = launch(PRINT_LINES, 2, echo="none")
+    assert first.start_mode == "warm" and second.exit_codes == {0: 0, 1: 0}
+    assert second.output[1] == [f"line {i} of rank 1" for i in range(3)]
+    assert second.start_mode == "warm" and warmstart.server_pid() not in (None, server)
+
+
+def test_a_server_that_dies_while_starting_ranks_means_a_cold_launch(monkeypatch):
+    launch(PRINT_LINES, 1, echo="none")  # a server, ready
+    real_spawn = warmstart.ForkServer.spawn
+
+    def spawn_then_die(self, *args, **kwargs):
+        rank = real_spawn(self, *args, **kwargs)
+        os.kill(self.pid, signal.SIGKILL)  # after the first rank: the others cannot be forked
+        return rank
+
+    monkeypatch.setattr(warmstart.ForkServer, "spawn", spawn_then_die)
+    run = launch(PRINT_LINES, 3, echo="none", timeout=60)
+    assert run.start_mode == "cold" and "fork server" in run.cold_reason
+    assert run.exit_codes == {0: 0, 1: 0, 2: 0}
+    assert not processes_of_run(run.run_dir)
+
+
+def test_warm_false_and_the_environment_variable_give_cold_launches(monkeypatch):
+    assert launch(PRINT_LINES, 1, echo="none", warm=False).start_mode == "cold"
+    monkeypatch.setenv("DDP_TUTORIAL_WARM", "0")
+    run = launch(PRINT_LINES, 1, echo="none")
+    assert run.start_mode == "cold" and "turned off" in run.cold_reason
+    assert json.loads((run.run_dir / ".launch.json").read_text())["start_mode"] == "cold"
+    with pytest.raises(ddp_tutorial.LaunchConfigError, match="warm must be"):
+        launch(PRINT_LINES, 1, warm="yes")
+
+
+def test_a_nccl_launch_starts_cold(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # faked, as the launcher tests do
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    run = launch(PRINT_LINES, 2, backend="nccl", echo="none")  # the script needs no GPU
+    assert run.start_mode == "cold" and "nccl" in run.cold_reason
+    assert run.exit_codes == {0: 0, 1: 0}
+
+
+def test_a_server_that_would_fork_with_threads_refuses_and_the_launch_starts_cold():
+    # Two OpenBLAS threads start when torch imports numpy: no safe fork.
+    run = launch(PRINT_LINES, 1, echo="none", env={"OMP_NUM_THREADS": "2"})
+    assert run.start_mode == "cold" and "threads" in run.cold_reason
+    assert run.exit_codes == {0: 0}
+    assert launch(PRINT_LINES, 1, echo="none").start_mode == "warm"  # the usual environment: warm again
+
+
+def test_the_server_and_its_ranks_die_with_a_killed_launcher(runs_root):
+    run_dir = runs_root / "killed-warm"
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCH_IN_CHILD, str(SCRIPTS / "sleep_forever.py"),
+                             str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        def two_ranks():
+            ranks = [p for p in processes_of_run(run_dir) if _is_rank(p)]
+            return ranks if len(ranks) == 2 else None
+
+        ranks = wait_for(two_ranks, 60, "2 ranks")
+        servers = {parent_of(p) for p in ranks}
+        assert len(servers) == 1  # both forked by one server, the launcher's child
+        server = servers.pop()
+        assert parent_of(server) == proc.pid and "forkserver.py" in Path(f"/proc/{server}/cmdline").read_text()
+    finally:
+        proc.kill()  # SIGKILL: no Python cleanup runs in the launcher
+        proc.wait()
+    wait_for(lambda: not pid_alive(server), 5, "the fork server to die")
+    wait_for(lambda: not any(pid_alive(p) for p in ranks), 5, "the ranks to die")
+
+
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[1])
