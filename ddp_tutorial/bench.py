@@ -135,11 +135,11 @@ def format_table(results: Dict) -> str:
         f"{_ms(o['flat_step_s'])}; DDP logger: backward compute {_ms(o['avg_backward_compute_time_s'])}, "
         f"comm {_ms(o['avg_backward_comm_time_s'])}, overlap {_ms(o['avg_backward_compute_comm_overlap_time_s'])}")
     add("accumulation: K  straggler  time/sample  per optimizer step: transfer + wait"
-        "   transfer/sample vs K=1 (ideal 1/K)")
+        "   per sample vs K=1: transfer time, bytes (1/K)")
     for row in results["accumulation"]:
         add(f"{'':>12}{row['accum_steps']:>3} {row['straggler_ms']:>7g} ms {row['s_per_sample'] * 1e6:>9.1f} us "
             f"{_ms(row['transfer_s_per_optimizer_step']):>20} + {_ms(row['wait_s_per_optimizer_step']):<9} "
-            f"{row['comm_per_sample_vs_k1']:>14.2f} ({row['ideal']:.3f})")
+            f"{row['comm_per_sample_vs_k1']:>14.2f}, {row['bytes_per_sample_vs_k1']:.3f} ({row['ideal']:.3f})")
     proj = results["projection"]
     alphas = ", ".join(f"{name} {a * 1e6:.0f} us" for name, a in proj["alphas"].items())
     add(f"== scaling projection: efficiency at 256 / 1024 workers (alpha: {alphas}; bucket 25 MB) ==")

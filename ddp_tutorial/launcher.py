@@ -207,7 +207,8 @@ def loopback_interface() -> Optional[str]:
     return next((n for n in names if n in ("lo", "lo0")), None)
 
 
-def _describe_exit(code: int) -> str:
+def describe_exit(code: int) -> str:
+    """An exit status in words: "exit code 3", or "killed by SIGKILL" for a negative one."""
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
@@ -739,7 +740,7 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
             if attempt >= max_restarts:
                 raise
             attempt += 1
-            print(f"[launch] rank {exc.rank} failed ({_describe_exit(exc.exit_code)}); "
+            print(f"[launch] rank {exc.rank} failed ({describe_exit(exc.exit_code)}); "
                   f"restarting all ranks, attempt {attempt} of {max_restarts}", flush=True)
     run = Run(run_dir, world_size)
     run.output, run.exit_codes = output, exit_codes
@@ -818,7 +819,7 @@ def _supervise(group: _WorkerGroup, deadline: float, timeout: float, run_dir: Pa
         tb = _last_traceback(group.output[failed])
         others = ", ".join(str(r) for r in still) or "none"
         raise WorkerError(
-            f"rank {failed} failed with {_describe_exit(code)}; stopped the other ranks still "
+            f"rank {failed} failed with {describe_exit(code)}; stopped the other ranks still "
             f"running ({others}). Results so far: {run_dir}\n--- rank {failed} output ---\n{tb}",
             failed, code, tb, run)
     detail = ", ".join(

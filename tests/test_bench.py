@@ -82,10 +82,11 @@ def test_projection_step_adds_only_comm_that_backward_cannot_hide():
 
 
 def test_accumulation_ratios_are_relative_to_k1_of_the_same_straggler_setting():
-    rows = [{"accum_steps": k, "straggler_ms": s, "transfer_s_per_sample": (1.0 + s) / k}
-            for s in (0.0, 5.0) for k in (1, 2, 4)]
+    rows = [{"accum_steps": k, "straggler_ms": s, "transfer_s_per_sample": (1.0 + s) / k,
+             "allreduced_bytes_per_sample": 400.0 / k} for s in (0.0, 5.0) for k in (1, 2, 4)]
     ratios = measure.accumulation_ratios(rows)
     assert [r["comm_per_sample_vs_k1"] for r in ratios] == pytest.approx([1, 0.5, 0.25] * 2)
+    assert [r["bytes_per_sample_vs_k1"] for r in ratios] == pytest.approx([1, 0.5, 0.25] * 2)
     assert [r["ideal"] for r in ratios] == pytest.approx([1, 0.5, 0.25] * 2)
 
 
@@ -135,6 +136,7 @@ def test_quick_bench_counts_that_do_not_depend_on_timing(quick_bench):
         # one all-reduce (the whole small model fits one bucket) per K micro-steps
         assert row["allreduce_calls_per_micro_step"] == pytest.approx(1 / row["accum_steps"])
         assert row["optimizer_steps"] * row["accum_steps"] == row["micro_steps"]
+        assert row["bytes_per_sample_vs_k1"] == pytest.approx(1 / row["accum_steps"], abs=1e-12)
 
 
 def test_quick_bench_prints_a_table_and_saves_figures(quick_bench):

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 import ddp_tutorial
 from ddp_tutorial import runfolder
 from ddp_tutorial.exercises import settings
-from ddp_tutorial.launcher import loopback_interface
+from ddp_tutorial.launcher import describe_exit, loopback_interface
 
 HARNESS = Path(__file__).resolve().parent / "workers" / "harness.py"
 PACKAGE_PARENT = Path(ddp_tutorial.__file__).resolve().parent.parent
@@ -104,7 +104,7 @@ def _failure(rank: int, exit_code: Optional[int], error: Optional[dict], traceba
     """One line on how ``rank`` failed (where in the script, if known), then its traceback's last lines."""
     if error and error["type"] == "LauncherMismatch":  # the harness stopped it; the judge explains
         return f"rank {rank} was stopped in init_process_group: {error['message']}"
-    head = f"rank {rank} failed" + (f" ({_describe_exit(exit_code)})" if exit_code is not None else "")
+    head = f"rank {rank} failed" + (f" ({describe_exit(exit_code)})" if exit_code is not None else "")
     if error and error.get("where"):
         head += f" at {error['where']}"
     lines = error["traceback"] if error and error.get("traceback") else traceback
@@ -116,15 +116,6 @@ def _failure(rank: int, exit_code: Optional[int], error: Optional[dict], traceba
 
 def _last_line(lines: List[str]) -> str:
     return next((line.strip() for line in reversed(lines) if line.strip()), "(no output)")
-
-
-def _describe_exit(code: int) -> str:
-    if code is not None and code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 def run_launch(exercise: str, script: Path, run_dir: Path, timeout: float, world_size: int = 2,
@@ -246,7 +237,7 @@ def finish(started: Started, deadline: float, timeout: float) -> Attempt:
         attempt.failed_rank = rank
         attempt.traceback = _traceback_tail(output)
         if rank is None:  # no rank recorded an error: torchrun itself (or the process) failed
-            attempt.failure = (f"{started.mode} failed ({_describe_exit(process.returncode)}): "
+            attempt.failure = (f"{started.mode} failed ({describe_exit(process.returncode)}): "
                                f"{_last_line(output)}")
         else:
             attempt.failure = _failure(rank, attempt.exit_codes[rank], _error(attempt.records.get(rank, [])),

@@ -137,11 +137,12 @@ def projection(sweep: Dict, lab: Dict) -> Dict:
 
 
 def accumulation_ratios(rows: Sequence[Dict]) -> List[Dict]:
-    """For each straggler setting: transfer time per sample relative to K=1, next to the ideal 1/K."""
+    """For each straggler setting, relative to K=1: transfer time and bytes all-reduced per sample, and 1/K."""
     out = []
     for row in rows:
         base = next(r for r in rows if r["straggler_ms"] == row["straggler_ms"] and r["accum_steps"] == 1)
         out.append({**row, "comm_per_sample_vs_k1": row["transfer_s_per_sample"] / base["transfer_s_per_sample"],
+                    "bytes_per_sample_vs_k1": row["allreduced_bytes_per_sample"] / base["allreduced_bytes_per_sample"],
                     "ideal": 1.0 / row["accum_steps"]})
     return out
 

@@ -83,6 +83,7 @@ class SyncTimer:
 
     ``sync_s`` of a step runs from the first bucket's all-reduce launch to the
     last one's completion: the wait for the slowest rank is inside it.
+    ``total_bytes`` counts the gradient bytes all-reduced, every call.
 
         timer = SyncTimer()
         ddp_model.register_comm_hook(timer, SyncTimer.hook)
@@ -91,6 +92,7 @@ class SyncTimer:
     def __init__(self):
         self.process_group = None
         self.total_s = 0.0
+        self.total_bytes = 0
         self.start_step()
 
     def start_step(self):
@@ -116,6 +118,7 @@ class SyncTimer:
         state.calls += 1
         group = state.process_group or dist.group.WORLD
         tensor = bucket.buffer()
+        state.total_bytes += tensor.numel() * tensor.element_size()
         tensor.div_(group.size())  # as DDP's default allreduce_hook: average, then sum
         fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
         return fut.then(state._done)

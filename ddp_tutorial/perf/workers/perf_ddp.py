@@ -81,8 +81,11 @@ def one_epoch(env, batch_size: int, micro_steps: int, seed: int = 0):
 
 
 def run_epoch(model, env, batch_size: int, accum_steps: int, micro_steps: int, log: StepLog,
-              straggler_ms: float = 0.0) -> float:
-    """One epoch of the kit's real step 4, ``train.train_epoch``, with its hooks; returns wall seconds.
+              straggler_ms: float = 0.0) -> tuple:
+    """One epoch of the kit's real step 4, ``train.train_epoch``, with its hooks.
+
+    Returns:
+        (wall seconds, gradient bytes this rank all-reduced, counted by the sync timer).
 
     Args:
         model: a DDP model.
@@ -101,7 +104,7 @@ def run_epoch(model, env, batch_size: int, accum_steps: int, micro_steps: int, l
     t0 = time.perf_counter()
     train_epoch(model, loader, optimizer, loss_fn, accum_steps, 0, hooks)
     sync_device(env.device)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, hooks.timer.total_bytes
 
 
 def batches(env, batch_size: int, count: int, seed: int = 0):
@@ -210,8 +213,8 @@ def measure_accumulation(base, env, ks, straggler_ms_list, batch_size: int, opti
     for straggler_ms in straggler_ms_list:
         for k in ks:
             log = StepLog()
-            wall = run_epoch(DDP(copy.deepcopy(base).to(env.device)), env, batch_size, k,
-                             k * optimizer_steps, log, straggler_ms)
+            wall, allreduced_bytes = run_epoch(DDP(copy.deepcopy(base).to(env.device)), env, batch_size, k,
+                                               k * optimizer_steps, log, straggler_ms)
             samples = len(log.records) * batch_size * env.world_size
             transfer_s, wait_s = split_sync(log.records)
             opt_steps = sum(r["optimizer_step"] for r in log.records)
@@ -219,6 +222,7 @@ def measure_accumulation(base, env, ks, straggler_ms_list, batch_size: int, opti
                          "sync_s_per_optimizer_step": transfer_s + wait_s,
                          "transfer_s_per_optimizer_step": transfer_s, "wait_s_per_optimizer_step": wait_s,
                          "transfer_s_per_sample": transfer_s / (k * batch_size * env.world_size),
+                         "allreduced_bytes_per_sample": allreduced_bytes / samples,
                          "allreduce_calls_per_micro_step": sum(r["allreduce_calls"] for r in log.records)
                          / len(log.records),
                          "optimizer_steps": opt_steps, "micro_steps": len(log.records)})
