@@ -56,7 +56,9 @@ MISTAKES = (
             "start_epoch calls it at the start of every epoch", "03", "start_epoch"),
     Mistake("random-labels", "fresh random labels every step, so there is nothing to learn",
             "targets from a fixed, seeded teacher network", "00, 04", "loss_fn"),
-    Mistake("sync-schedule", "sync and step on step % K == 0, so the first update follows one micro-batch",
+    Mistake("sync-schedule", "sync and step on step % K == 0, so the first update follows one micro-batch, "
+            "an epoch's last micro-batches join the next epoch's first update, and the last epoch's are "
+            "never applied",
             "sync on the last micro-batch of each window of K; a shorter last window still steps",
             "04", "sync_schedule"),
     Mistake("forward-outside-no-sync", "forward() runs outside no_sync(), so no_sync() skips nothing",

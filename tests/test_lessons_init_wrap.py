@@ -7,6 +7,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 
 import ddp_tutorial  # noqa: E402
@@ -116,6 +118,12 @@ def test_every_bug_flag_has_a_lesson():
     assert {"hard-coded-port", "default-threads"} <= names
     table = common.format_mistakes()
     assert all(name in table for name in names)
+
+
+def test_the_readme_table_of_mistakes_is_built_from_the_one_list():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert common.mistakes_markdown() in readme
+    assert all(f"`--bug {name}`" in readme for name in config.BUGS)
 
 
 def test_script_source_reads_without_importing():

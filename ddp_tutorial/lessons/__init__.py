@@ -43,6 +43,16 @@ def format_mistakes(rows: Optional[Sequence[Mistake]] = None) -> str:
     return "\n".join(lines)
 
 
+def mistakes_markdown(rows: Optional[Sequence[Mistake]] = None) -> str:
+    """The mistakes as the README's Markdown table; a test keeps the README's copy equal to it."""
+    rows = mistakes() if rows is None else rows
+    lines = ["| mistake | what goes wrong | the fix | measured in notebook |", "| --- | --- | --- | --- |"]
+    for m in rows:
+        name = f"`--bug {m.name}`" if m.function else f"`{m.name}` (no `--bug`: how it is launched)"
+        lines.append(f"| {name} | {m.what} | {m.fix} | {m.notebooks} |")
+    return "\n".join(lines)
+
+
 # -- Per-rank results of a lesson script ------------------------------------------
 def rank_results(run, part: Optional[str] = None) -> Dict[int, List[dict]]:
     """Per rank, the records its script reported (only those of ``part``, if given)."""
