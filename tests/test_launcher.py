@@ -129,9 +129,15 @@ def test_keyboard_interrupt_stops_all_workers_within_3s(runs_root):
         _thread.interrupt_main()
 
     thread = threading.Thread(target=interrupt_when_running, daemon=True)
+    # As in a kernel, SIGINT raises KeyboardInterrupt: a test runner started in the background
+    # (nohup, `&` without job control) inherits SIGINT ignored, and interrupt_main does nothing then.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     thread.start()
-    with pytest.raises(KeyboardInterrupt):
-        launch(str(SCRIPTS / "sleep_forever.py"), 2, run_dir=run_dir, timeout=120)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launch(str(SCRIPTS / "sleep_forever.py"), 2, run_dir=run_dir, timeout=120)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     stopped_in = time.monotonic() - interrupted_at["t"]
     thread.join()
     assert stopped_in < 3.0
@@ -144,10 +150,17 @@ ddp_tutorial.launch(sys.argv[1], 2, run_dir=sys.argv[2], timeout=120)
 """
 
 
+def _sigint_as_in_a_kernel():
+    """SIGINT back to its default before exec, so Python turns it into KeyboardInterrupt (a runner
+    started in the background, e.g. with nohup, would otherwise pass it on ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_launcher_process(run_dir):
     """A separate Python process running launch(), like a notebook kernel; waits until ranks run."""
     proc = subprocess.Popen([sys.executable, "-c", LAUNCH_IN_CHILD, str(SCRIPTS / "sleep_forever.py"),
-                             str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                             str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=_sigint_as_in_a_kernel)
     seen, end = "", time.monotonic() + 60
     while seen.count("child ") < 2:
         assert time.monotonic() < end, f"workers did not start: {seen}"
