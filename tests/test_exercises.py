@@ -15,6 +15,7 @@ import pytest
 
 from ddp_tutorial import exercises
 from ddp_tutorial.exercises import judge
+from conftest import pid_alive
 
 MISTAKES = Path(__file__).resolve().parent / "exercise_mistakes"
 #: Seconds one run of a script may take: generous, ranks import torch in 2-6 s on a loaded machine.
@@ -60,18 +61,9 @@ def processes_under(folder: Path):
     return found
 
 
-def alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie, exited but not yet reaped, is not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except FileNotFoundError:
-        return False
-
-
 def assert_nothing_left(result, tmp_path):
     assert result.pids, "the check reported no processes"
-    assert [pid for pid in result.pids if alive(pid)] == []
+    assert [pid for pid in result.pids if pid_alive(pid)] == []
     assert processes_under(tmp_path / "runs") == []
 
 
