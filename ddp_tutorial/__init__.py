@@ -9,7 +9,7 @@ The notebook-facing API::
 Importing this package does not import torch: only the worker processes do.
 """
 
-from ddp_tutorial import config, launcher
+from ddp_tutorial import config, launcher, warmstart
 from ddp_tutorial.config import TRAIN_MODULE, TRAIN_SCRIPT
 from ddp_tutorial.launcher import (
     LaunchConfigError,
@@ -24,6 +24,11 @@ from ddp_tutorial.runfolder import Run
 
 # train.py's flags are checked in the kernel before a launch starts anything.
 launcher.check_args_with([[TRAIN_SCRIPT], ["-m", TRAIN_MODULE]], config.launch_settings)
+
+# In a notebook, the fork server imports torch while the learner reads the first cells,
+# so the first launch is warm too (DDP_TUTORIAL_WARM=0 turns it off, as all warm launches).
+if warmstart.in_kernel():
+    launcher.prestart_fork_server()
 
 __all__ = ["launch", "Run", "TRAIN_SCRIPT", "LaunchError", "LaunchConfigError", "WorkerError",
            "LaunchTimeout", "free_port", "scripts_path", "plots"]

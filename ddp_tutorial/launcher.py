@@ -653,6 +653,16 @@ def _stop_all_groups() -> None:
         group.close(drain_s=0.0)
 
 
+def prestart_fork_server() -> bool:
+    """Start the fork server for this process's launches now, without waiting for it.
+
+    ``import ddp_tutorial`` calls it in a Jupyter kernel, so that even the first launch
+    cell is warm. True if a server was started (see ``warmstart.prestart``).
+    """
+    env = _worker_env(0, 1, 0, Path.cwd(), "gloo", 0, 0, "bind", {})  # as a default launch's rank 0
+    return warmstart.prestart(env)
+
+
 def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float = 120.0,
            backend: str = "auto", run_dir=None, env: Optional[Dict[str, str]] = None,
            echo: str = "all", max_restarts: int = 0, master_port: Optional[int] = None,

@@ -344,6 +344,38 @@ def acquire(argv: List[str], envs: List[Dict[str, str]], deadline: float) -> Tup
         raise
 
 
+def prestart(env: Dict[str, str]) -> bool:
+    """Start this process's fork server now and return at once; True if one was started.
+
+    The first launch then finds torch (mostly) imported instead of importing it itself:
+    in a notebook, the server imports while the learner reads. Nothing is started when
+    warm launches are off, a server already runs, or one refused this startup environment.
+
+    Args:
+        env: rank 0's environment as ``launch`` would build it (only its startup part matters).
+    """
+    global _SERVER
+    if not warm_by_default() or not hasattr(os, "pidfd_open") or not hasattr(socket, "send_fds"):
+        return False
+    if not _IN_USE.acquire(blocking=False):
+        return False
+    try:
+        if _SERVER is not None or tuple(sorted(startup_env(env).items())) in _REFUSED:
+            return False
+        try:
+            _SERVER = ForkServer(env)
+        except OSError:
+            return False  # the first launch tries again, or starts cold
+        return True
+    finally:
+        _IN_USE.release()
+
+
+def in_kernel() -> bool:
+    """Whether this process is a Jupyter (IPython) kernel: where launches come cell after cell."""
+    return "ipykernel" in sys.modules
+
+
 def release(server: ForkServer) -> None:
     """End one launch's use of ``server``; a server that failed it is stopped."""
     global _SERVER

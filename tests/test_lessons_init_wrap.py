@@ -7,6 +7,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -15,6 +16,7 @@ import ddp_tutorial  # noqa: E402
 from ddp_tutorial import config, plots  # noqa: E402
 from ddp_tutorial import lessons as common  # noqa: E402
 from ddp_tutorial.lessons import init_wrap as lessons  # noqa: E402
+from conftest import processes_of_run  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +53,14 @@ def test_threads_one_per_rank_and_torch_default_reported(init_rows):
     assert all(1 <= r["default_threads"] <= r["cpu_count"] for r in init_rows)
 
 
-def test_wrong_world_size_times_out_with_both_ranks_stuck_in_init():
-    err = lessons.launch_wrong_world_size(world_size=2, claimed=3)  # caught and returned
-    assert isinstance(err, ddp_tutorial.LaunchTimeout) and sorted(err.still_running) == [0, 1]
+def test_wrong_world_size_ends_at_the_process_group_timeout_with_both_ranks_stuck_in_init():
+    started = time.monotonic()
+    err = lessons.launch_wrong_world_size(world_size=2, claimed=3, pg_timeout=3)  # caught and returned
+    assert isinstance(err, ddp_tutorial.WorkerError) and err.exit_code == 1
+    assert "DistStoreError: wait timeout after 3000ms" in lessons.init_timeout_message(err)
     assert lessons.ranks_stuck_in_init(err) == [0, 1]
+    assert 3 <= time.monotonic() - started < 60, "ended by the 3 s timeout, not by launch's deadline"
+    assert not processes_of_run(err.run.run_dir)
 
 
 def test_taken_port_fails_fast_with_address_in_use():

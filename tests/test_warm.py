@@ -202,3 +202,51 @@ def test_the_server_and_its_ranks_die_with_a_killed_launcher(runs_root):
 def parent_of(pid: int) -> int:
     with open(f"/proc/{pid}/stat", "rb") as f:
         return int(f.read().rsplit(b")", 1)[1].split()[1])
+
+
+def test_the_server_has_what_ddp_imports_so_a_warm_rank_builds_ddp_without_importing(script_file):
+    # DDP's constructor imports torch._dynamo (about 1.2 s of CPU per cold rank).
+    script = script_file("import sys\nprint('torch._dynamo' in sys.modules, flush=True)\n")
+    warm = launch(script, 1, echo="none")
+    cold = launch(script, 1, echo="none", warm=False)
+    assert (warm.start_mode, warm.output[0]) == ("warm", ["True"])
+    assert (cold.start_mode, cold.output[0]) == ("cold", ["False"])
+    assert len(os.listdir(f"/proc/{warmstart.server_pid()}/task")) == 1
+
+
+KERNEL_CODE = '''
+import json, os, ddp_tutorial
+from ddp_tutorial import warmstart
+at_import = warmstart.server_pid()
+run = ddp_tutorial.launch(ddp_tutorial.scripts_path("hello.py"), 2, echo="none")
+print(json.dumps({"at_import": at_import, "mode": run.start_mode, "after": warmstart.server_pid()}))
+'''
+
+
+def run_in_kernel(code: str, env: dict) -> dict:
+    """Run ``code`` in a new Jupyter kernel (as a notebook cell) and return the JSON it printed."""
+    from jupyter_client.manager import start_new_kernel
+
+    messages = []
+    km, kc = start_new_kernel(kernel_name="python3", env={**os.environ, **env})
+    try:
+        reply = kc.execute_interactive(code, timeout=120, output_hook=messages.append)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert reply["content"]["status"] == "ok", [m["content"] for m in messages]
+    [line] = [m["content"]["text"] for m in messages if m["msg_type"] == "stream"]
+    return json.loads(line)
+
+
+def test_importing_the_package_in_a_kernel_starts_the_server_for_the_first_launch():
+    got = run_in_kernel(KERNEL_CODE, {})
+    assert got["at_import"] is not None and got["mode"] == "warm" and got["after"] == got["at_import"]
+    off = run_in_kernel(KERNEL_CODE, {warmstart.WARM_ENV: "0"})
+    assert off == {"at_import": None, "mode": "cold", "after": None}
+
+
+def test_importing_the_package_outside_a_kernel_starts_nothing():
+    code = "import ddp_tutorial; from ddp_tutorial import warmstart; print(warmstart.server_pid())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["None"], out.stderr

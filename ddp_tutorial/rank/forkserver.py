@@ -2,7 +2,8 @@
 
 ``launch`` starts this file as ``python -u forkserver.py CONTROL_FD LAUNCHER_PID ROOM`` in a
 session of its own, tied to the launcher with the parent-death signal. It imports torch
-(and none of the learner's code), checks that it is still single-threaded, says so on the
+and ``torch._dynamo``, which DDP's constructor imports (and none of the learner's code),
+checks that it is still single-threaded, says so on the
 control socket (an ``AF_UNIX`` ``SOCK_SEQPACKET`` socket: one JSON message per packet, file
 descriptors beside it with SCM_RIGHTS), and waits.
 
@@ -207,10 +208,17 @@ def main() -> None:
     bootstrap = _load_bootstrap()
     bootstrap.die_with_parent(launcher_pid)
     try:
-        import torch  # noqa: F401  the point of the server: ranks start with it imported
+        importlib.import_module("torch")  # the point of the server: ranks start with it imported
     except BaseException as exc:
         control.send(json.dumps({"ready": False, "why": f"import torch failed: {exc!r}"}).encode())
         return
+    try:
+        # DDP's constructor imports torch._dynamo: about 1.2 s of CPU per rank, paid by every
+        # rank that wraps a model. Imported here once, a rank's DDP(model) takes milliseconds.
+        # It starts no thread (checked below, with the rest).
+        importlib.import_module("torch._dynamo")
+    except Exception:  # ranks import it themselves, as cold ones do
+        pass
     gc.freeze()  # what torch made stays shared with the ranks: the collector would touch (copy) it
     threads = os_threads()
     arg_start, arg_end, env_start, env_end = proc_areas()

@@ -20,17 +20,19 @@ WRAP_SCRIPT = scripts_path("wrap_demo.py")
 
 
 # -- Notebook 01: init_process_group -------------------------------------------
-def run_init_demo(world_size: int, threads: int = 1, echo: str = "none", **launch_kwargs):
+def run_init_demo(world_size: int, threads: int = 1, echo: str = "none", extra_args: Sequence[str] = (),
+                  **launch_kwargs):
     """Launch ``init_demo.py`` (time init, all_reduce rank + 1) and return its ``Run``.
 
     Args:
         world_size: number of ranks.
         threads: torch threads per rank (0: torch's default).
         echo: which ranks' output to print.
+        extra_args: more flags of ``init_demo.py`` (e.g. ``--pg-timeout 5``).
         **launch_kwargs: passed to ``launch`` (e.g. ``timeout``, ``env``, ``master_port``).
     """
     launch_kwargs.setdefault("timeout", 60)
-    return launch(INIT_SCRIPT, world_size, ["--threads", str(threads)], echo=echo, **launch_kwargs)
+    return launch(INIT_SCRIPT, world_size, ["--threads", str(threads), *extra_args], echo=echo, **launch_kwargs)
 
 
 def init_rows(run) -> List[dict]:
@@ -79,19 +81,45 @@ def format_threads(rows: List[dict]) -> str:
                  f"{sum(r['torch_threads'] for r in rows)}")
     return "\n".join(lines)
 
-def launch_wrong_world_size(world_size: int = 2, claimed: int = 3, timeout: float = 15.0) -> LaunchTimeout:
-    """Start ``world_size`` ranks that each believe WORLD_SIZE is ``claimed``.
+def launch_wrong_world_size(world_size: int = 2, claimed: int = 3, pg_timeout: float = 5.0,
+                            timeout: float = 60.0) -> WorkerError:
+    """Start ``world_size`` ranks that each believe WORLD_SIZE is ``claimed``; return the error that ends them.
 
-    init waits for ranks that never come, so the launch ends in ``LaunchTimeout``
-    after ``timeout`` s. The deadline must leave the ranks time to import torch
-    and reach ``init_process_group`` first: seconds on a busy shared machine. Returns that error (caught here, so a notebook checks
-    this launch's error and no other); raises RuntimeError if the launch did not time out.
+    Each rank waits in ``init_process_group`` for the address of a rank that never comes,
+    until the process group's timeout: ``pg_timeout`` s (``init_demo.py --pg-timeout``)
+    from that rank's own call, instead of gloo's default 30 minutes. The rank that gives up
+    first raises ``DistStoreError: wait timeout``, and ``launch`` stops the other one.
+    Every rank must reach init within ``pg_timeout`` s of the first, or it is stopped before
+    it gets there: two ranks started together do, even on a busy machine.
+
+    Args:
+        world_size: ranks started.
+        claimed: the WORLD_SIZE they are told.
+        pg_timeout: ``init_process_group``'s timeout, in seconds.
+        timeout: ``launch``'s deadline, a safety net only.
+
+    Returns:
+        The ``WorkerError`` of the first rank that timed out (caught here, so a notebook
+        checks this launch's error and no other).
+
+    Raises:
+        RuntimeError: the launch finished, or stopped in another way.
     """
     try:
-        run_init_demo(world_size, echo="all", env={"WORLD_SIZE": str(claimed)}, timeout=timeout)
-    except LaunchTimeout as err:
+        run_init_demo(world_size, echo="all", env={"WORLD_SIZE": str(claimed)}, timeout=timeout,
+                      extra_args=["--pg-timeout", str(pg_timeout)])
+    except WorkerError as err:
         return err
-    raise RuntimeError(f"{world_size} ranks told WORLD_SIZE={claimed} finished: expected a LaunchTimeout")
+    except LaunchTimeout as err:
+        raise RuntimeError(f"{world_size} ranks told WORLD_SIZE={claimed} were still waiting at the "
+                           f"{timeout} s deadline: their {pg_timeout} s process-group timeout did not end it") from err
+    raise RuntimeError(f"{world_size} ranks told WORLD_SIZE={claimed} finished: expected a timeout in init")
+
+
+def init_timeout_message(err: WorkerError) -> str:
+    """The last line of the failing rank's traceback: what torch says when init's wait times out."""
+    lines = [line for line in err.traceback.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def ranks_stuck_in_init(err: LaunchError) -> List[int]:

@@ -14,9 +14,12 @@ torch uses when ``init_process_group`` gets no ``timeout``: ``default_pg_timeout
 Flags:
     --threads N    torch threads per rank (default 1); 0 keeps torch's default.
     --backend B    auto (nccl when every rank has a GPU of its own, else gloo), gloo or nccl.
+    --pg-timeout S init_process_group's timeout in seconds (default: torch's own, 30 min for
+                   gloo): how long the rendezvous, and every later collective, may wait.
 """
 
 import argparse
+import datetime
 import os
 import time
 
@@ -36,6 +39,8 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank; 0 = torch's default")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+    p.add_argument("--pg-timeout", type=float, default=None,
+                   help="init_process_group's timeout in seconds (default: torch's)")
     return p.parse_args()
 
 
@@ -56,7 +61,9 @@ def main() -> None:
     # Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment; rank 0
     # hosts the TCP store there. With gloo the call returns once every rank has
     # connected to every other; nccl connects lazily, at the first collective.
-    dist.init_process_group(backend)
+    # timeout=None means torch's default (30 min for gloo, 10 for nccl).
+    timeout = None if args.pg_timeout is None else datetime.timedelta(seconds=args.pg_timeout)
+    dist.init_process_group(backend, timeout=timeout)
     init_s = time.perf_counter() - t0
     done_time = time.time()
     try:
