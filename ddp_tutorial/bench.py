@@ -177,6 +177,10 @@ def format_table(results: Dict) -> str:
         add(f"notebook suite, all launches cold: {nb_cold['seconds']:.0f} s "
             f"({'passed' if nb_cold['passed'] else 'FAILED'}: {nb_cold['summary']}); warm: {nb['seconds']:.0f} s, "
             f"warm / cold {nb['seconds'] / nb_cold['seconds']:.2f} (target <= 0.5)")
+        add(f"  {'notebook':<36} {'cold s':>7} {'warm s':>7} {'warm/cold':>9}")
+        for name, cold_s in nb_cold["per_notebook"].items():
+            warm_s = nb["per_notebook"].get(name, float("nan"))
+            add(f"  {name:<36} {cold_s:>7.1f} {warm_s:>7.1f} {warm_s / cold_s:>9.2f}")
     if nb is None:
         add("notebook suite: not timed (quick mode; run the full bench)")
     elif "skipped" in nb:

@@ -101,6 +101,39 @@ def fresh_key_space_per_rendezvous() -> None:
     rendezvous._create_c10d_store = create_fresh
 
 
+#: Process groups that ``destroy_process_group`` let go of: kept until the process exits.
+_LEFT_GROUPS = []
+
+
+def keep_groups_until_exit() -> None:
+    """Let ``destroy_process_group`` leave a group without destroying its C++ object in this process.
+
+    torch 2.13 destroys a gloo group (joining its worker threads) when the last reference
+    goes. After ``destroy_process_group`` that is often a DDP model, dropped with the GIL
+    held (a function returns), while a gloo worker thread still holds a finished collective
+    whose tensors need the GIL to be freed (``all_gather_object``'s, for one): both wait
+    for ever. Measured with the kit's ``schedule_demo.py`` once ``torch._dynamo`` was imported
+    before the script ran (a warm rank; a cold one that imports it first): in each of 3 tries
+    a launch within the first 6 hung, and none in 104 with this. Kept here, the
+    groups end with the process (``main`` exits without the interpreter's teardown).
+    Everything else of ``destroy_process_group`` (leaving the group, a later
+    ``init_process_group``) is unchanged.
+    """
+    import functools
+
+    from torch.distributed import distributed_c10d as c10d
+
+    destroy = c10d.destroy_process_group
+
+    @functools.wraps(destroy)
+    def destroy_process_group(group=None):
+        _LEFT_GROUPS.extend(list(c10d._world.pg_map) if group is None else [group])
+        return destroy(group)
+
+    c10d.destroy_process_group = destroy_process_group
+    sys.modules["torch.distributed"].destroy_process_group = destroy_process_group
+
+
 def host_store(fd: int, port: int) -> None:
     """Host the rendezvous store on the listening socket ``fd`` for the rest of this process."""
     import datetime
@@ -156,6 +189,7 @@ def prepare_store() -> None:
         if socket_and_port:
             host_store(*socket_and_port)
         fresh_key_space_per_rendezvous()
+        keep_groups_until_exit()
 
     if "torch" in sys.modules:  # a rank forked by the fork server: torch is in already
         when_torch_is_in()

@@ -154,6 +154,7 @@ def notebook_suite(folder: str = "notebooks", timeout: float = 600.0, warm: bool
     seconds = time.perf_counter() - t0
     failed = [name for name, r in results.items() if not r["passed"]]
     return {"seconds": seconds, "ratio": seconds / 180.0, "notebooks": [n.name for n in notebooks],
+            "per_notebook": {name: r["seconds"] for name, r in results.items()},
             "passed": not failed, "failed": failed,
             "summary": f"{len(results) - len(failed)} of {len(results)} notebooks passed"}
 
