@@ -204,7 +204,7 @@ def train_epoch(model, loader, optimizer, loss_fn, accum_steps: int, epoch: int 
 
 # -- Step 5 -------------------------------------------------------------------
 def teardown() -> None:
-    """Step 5: leave the process group, releasing its store connection and sockets."""
+    """Step 5: leave the process group (the default group is gone; a new init may follow)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
