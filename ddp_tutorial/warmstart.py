@@ -36,6 +36,9 @@ WARM_ENV = "DDP_TUTORIAL_WARM"
 #: a launch needing other values gets a server started with them.
 STARTUP_PREFIXES = ("PYTHON", "LD_", "LC_", "LANG", "HOME", "OMP_", "GOMP_", "KMP_", "MKL_",
                     "OPENBLAS_", "TORCH", "PYTORCH_", "MALLOC_", "GLIBC_")
+#: Read at import too, but a forked rank reads them again (``forkserver.reapply_import_settings``),
+#: so a launch with ``env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}`` needs no server of its own.
+REAPPLIED_PER_RANK = ("TORCH_DISTRIBUTED_DEBUG",)
 #: Of rank 0's environment, what the server's own must not have: its orphan checks and
 #: ``ps e`` would take it for a rank of that run.
 _PER_RUN = ("DDP_TUTORIAL_RUN_DIR", "DDP_TUTORIAL_STORE")
@@ -60,7 +63,7 @@ def warm_by_default() -> bool:
 
 def startup_env(env: Dict[str, str]) -> Dict[str, str]:
     """The part of ``env`` that takes effect at interpreter start or ``import torch``."""
-    return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES)}
+    return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES) and k not in REAPPLIED_PER_RANK}
 
 
 def _env_bytes(env: Dict[str, str]) -> int:

@@ -262,3 +262,17 @@ def test_a_group_left_just_before_its_ddp_model_is_dropped_never_hangs_the_rank(
     for i in range(20):
         run = launch(SCHEDULE_SCRIPT, 2, ["--micro", "6", "--accum-steps", "4"], echo="none", timeout=30)
         assert run.exit_codes == {0: 0, 1: 0}, i
+
+
+def test_the_distributed_debug_level_is_each_launchs_own_without_a_server_of_its_own(script_file):
+    # torch.distributed reads TORCH_DISTRIBUTED_DEBUG at import: a forked rank reads it again.
+    script = script_file("import torch.distributed as dist\nprint(dist.get_debug_level(), flush=True)\n")
+    plain = launch(script, 1, echo="none")
+    server = warmstart.server_pid()
+    detail = launch(script, 1, echo="none", env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    again = launch(script, 1, echo="none")
+    cold = launch(script, 1, echo="none", env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, warm=False)
+    assert [r.start_mode for r in (plain, detail, again)] == ["warm"] * 3
+    assert warmstart.server_pid() == server  # no new server for the debug level, and none after it
+    assert plain.output[0] == again.output[0] == ["DebugLevel.OFF"]
+    assert detail.output[0] == cold.output[0] == ["DebugLevel.DETAIL"]

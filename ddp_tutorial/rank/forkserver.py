@@ -96,6 +96,18 @@ def _reseed() -> None:
         np_random.seed()
 
 
+def reapply_import_settings() -> None:
+    """Read again what ``import torch`` read from the environment that may differ per launch.
+
+    ``torch.distributed`` reads TORCH_DISTRIBUTED_DEBUG once, when it is imported (its
+    ``set_debug_level_from_env()``); a forked rank has the server's reading until it reads
+    its own environment (``warmstart.REAPPLIED_PER_RANK``).
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available():
+        dist.set_debug_level_from_env()
+
+
 def become_rank(bootstrap, server_pid: int, request, fds, close_fds) -> None:
     """In the forked child: turn into ``python -u bootstrap.py SCRIPT ARGS`` and run it; never returns."""
     try:
@@ -120,6 +132,7 @@ def become_rank(bootstrap, server_pid: int, request, fds, close_fds) -> None:
         sys.orig_argv = list(argv)
         sys.path[0] = RANK_DIR  # as `python bootstrap.py` has it; run_script sets the script's
         _reseed()
+        reapply_import_settings()
     except BaseException as exc:  # told on the rank's output, as a cold rank's startup error would be
         try:
             os.write(2, f"error: the fork server could not start this rank: {exc!r}\n".encode())
