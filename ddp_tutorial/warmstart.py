@@ -62,7 +62,7 @@ def warm_by_default() -> bool:
 
 
 def startup_env(env: Dict[str, str]) -> Dict[str, str]:
-    """The part of ``env`` that takes effect at interpreter start or ``import torch``."""
+    """The part of ``env`` that takes effect at interpreter start or ``import torch`` (less what ranks reread)."""
     return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES) and k not in REAPPLIED_PER_RANK}
 
 
