@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import os
+import re
 import socket
 from typing import Dict, Iterator, List, Optional, Sequence
 
@@ -61,6 +62,22 @@ def rank_results(run, part: Optional[str] = None) -> Dict[int, List[dict]]:
 
 
 # -- Show a lesson script's code without running it in the kernel ----------------
+_ERROR_LINE = re.compile(r"^\s*([\w.]*(Error|Exception): .*|what\(\): .*)")
+
+
+def headline(lines: Sequence[str]) -> Optional[str]:
+    """The last line of a rank's output that states an error (Python's or a C++ ``what():``)."""
+    for line in reversed(lines):
+        if _ERROR_LINE.match(line):
+            return line.strip()
+    return None
+
+
+def error_line(err) -> Optional[str]:
+    """What the first failing rank of a ``WorkerError`` said its error was: its traceback's ``headline``."""
+    return headline(err.traceback.splitlines())
+
+
 def script_source(path: str, name: str) -> str:
     """The source of function ``name`` in the script file ``path``, read, not imported.
 

@@ -116,12 +116,6 @@ def launch_wrong_world_size(world_size: int = 2, claimed: int = 3, pg_timeout: f
     raise RuntimeError(f"{world_size} ranks told WORLD_SIZE={claimed} finished: expected a timeout in init")
 
 
-def init_timeout_message(err: WorkerError) -> str:
-    """The last line of the failing rank's traceback: what torch says when init's wait times out."""
-    lines = [line for line in err.traceback.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
-
-
 def ranks_stuck_in_init(err: LaunchError) -> List[int]:
     """Ranks whose output shows they called init_process_group and never returned from it."""
     return [rank for rank, lines in sorted(err.run.output.items())

@@ -20,7 +20,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from ddp_tutorial.launcher import LaunchError, launch, scripts_path
-from ddp_tutorial.lessons import script_source
+from ddp_tutorial.lessons import headline, script_source
 from ddp_tutorial.runfolder import Run
 
 PITFALLS = ("batchnorm", "unused", "checkpoint", "evaluation", "seeding", "lr", "clipping", "hang")
@@ -458,17 +458,6 @@ def format_clipping(summary: dict) -> str:
 
 
 # -- 8. Debugging a hang -----------------------------------------------------------
-_ERROR_LINE = re.compile(r"^\s*([\w.]*(Error|Exception): .*|what\(\): .*)")
-
-
-def headline(lines: Sequence[str]) -> Optional[str]:
-    """The last line of a rank's output that states an error (Python's or a C++ ``what():``)."""
-    for line in reversed(lines):
-        if _ERROR_LINE.match(line):
-            return line.strip()
-    return None
-
-
 def failure_summary(err: LaunchError) -> dict:
     """What a failed launch tells the learner: who failed, how, and with which words.
 
