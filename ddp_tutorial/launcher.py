@@ -44,7 +44,7 @@ from collections.abc import Mapping, Sequence as SequenceABC
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ddp_tutorial import runfolder, warmstart
+from ddp_tutorial import runfolder, stacks, warmstart
 from ddp_tutorial.backend import BACKENDS
 from ddp_tutorial.runfolder import Run
 
@@ -93,15 +93,21 @@ class LaunchConfigError(LaunchError, ValueError):
 class WorkerError(LaunchError):
     """A rank raised or exited non-zero; every other rank was stopped.
 
+    "First" is by when each rank failed, not by when its exit was seen: a rank notes
+    the moment its script's exception reaches it (``rank/bootstrap.py``), and a
+    rank killed by a signal counts from when its exit was seen.
+
     Attributes:
         rank: the first rank that failed.
         exit_code: its exit code (negative: killed by that signal).
         traceback: the end of its output, from its last traceback on.
+        failed_after: the other ranks that failed on their own, in the order they failed.
     """
 
-    def __init__(self, message, rank, exit_code, traceback, run=None):
+    def __init__(self, message, rank, exit_code, traceback, run=None, failed_after=()):
         super().__init__(message, run)
         self.rank, self.exit_code, self.traceback = rank, exit_code, traceback
+        self.failed_after = list(failed_after)
 
 
 class LaunchTimeout(LaunchError, TimeoutError):
@@ -109,11 +115,17 @@ class LaunchTimeout(LaunchError, TimeoutError):
 
     Attributes:
         still_running: rank -> last micro-step it finished (None if none).
+        stacks: rank -> its script's Python stack when it was stopped (most recent call
+            first), for each rank still running; ``launch`` also prints them once.
+        waiting_in: rank -> the torch.distributed call it was inside (e.g. ``"all_reduce"``),
+            or None.
     """
 
-    def __init__(self, message, still_running, run=None):
+    def __init__(self, message, still_running, run=None, stacks=None, waiting_in=None):
         super().__init__(message, run)
         self.still_running = still_running
+        self.stacks = dict(stacks or {})
+        self.waiting_in = dict(waiting_in or {})
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -432,6 +444,9 @@ class _WorkerGroup:
         """
         self.output: Dict[int, List[str]] = {r: [] for r in range(len(envs))}
         self.exit_codes: Dict[int, Optional[int]] = {r: None for r in range(len(envs))}
+        #: rank -> time.monotonic() when its exit was first seen (a rank killed by a signal
+        #: leaves no note of when it failed: this is the best time there is)
+        self.exit_seen: Dict[int, float] = {}
         self.echo = echo
         self.port: Optional[int] = None
         self.procs: List[subprocess.Popen] = []  # or warmstart.WarmRank, forked by the server
@@ -535,6 +550,7 @@ class _WorkerGroup:
         for rank, p in enumerate(self.procs):
             if p.returncode is not None or not _has_exited(p):
                 continue
+            self.exit_seen.setdefault(rank, time.monotonic())
             if not getattr(p, "lost", False):  # a lost warm rank's pid may be another's by now
                 _killpg(p, signal.SIGKILL)  # leftovers, e.g. a DataLoader worker
                 _wait_for_members(p.pid, time.monotonic() + KILL_WAIT_S)
@@ -744,7 +760,7 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
                                    master_port, extra_env, echo, cold_reason, deadline)
         runfolder.note_start(run_dir, attempt, group.start_mode, group.cold_reason)
         try:
-            output, exit_codes = _supervise(group, deadline, timeout, run_dir, grace)
+            output, exit_codes = _supervise(group, deadline, timeout, run_dir, grace, attempt)
             break
         except WorkerError as exc:
             if attempt >= max_restarts:
@@ -796,7 +812,8 @@ def _start_group(cmd, world_size, run_dir, backend, attempt, max_restarts, maste
         return group, port
 
 
-def _supervise(group: _WorkerGroup, deadline: float, timeout: float, run_dir: Path, grace: float):
+def _supervise(group: _WorkerGroup, deadline: float, timeout: float, run_dir: Path, grace: float,
+               attempt: int = 0):
     """Wait for the group, printing its output; stop it all on failure, deadline or interrupt."""
     failed: Optional[int] = None
     try:
@@ -816,27 +833,52 @@ def _supervise(group: _WorkerGroup, deadline: float, timeout: float, run_dir: Pa
         raise
     if failed is None and all(c is not None for c in group.exit_codes.values()):
         group.close()
+        runfolder.drop_rank_notes_if_empty(run_dir)
         return group.output, dict(group.exit_codes)
     # Failure or deadline: stop everyone, read what is left, then explain.
+    failed_on_their_own = {r for r, c in group.exit_codes.items() if c not in (None, 0)}
     still = [r for r, c in group.exit_codes.items() if c is None]
-    group.stop(grace)
+    group.stop(grace)  # SIGTERM: each rank writes its stacks, or finishes reporting its failure
     group.close()
     run = Run(run_dir, len(group.procs))
     run.output, run.pids = group.output, group.pids
     run.master_port = group.port
     if failed is not None:
-        code = group.exit_codes[failed]
-        tb = _last_traceback(group.output[failed])
-        others = ", ".join(str(r) for r in still) or "none"
+        order = _failure_order(group, failed_on_their_own, runfolder.failure_notes(run_dir, attempt))
+        first, after = order[0], order[1:]
+        code = group.exit_codes[first]
+        tb = _last_traceback(group.output[first])
+        stopped = ", ".join(str(r) for r in still if r not in after) or "none"
+        later = "".join(f"; rank {r} failed after it ({describe_exit(group.exit_codes[r])})" for r in after)
         raise WorkerError(
-            f"rank {failed} failed with {describe_exit(code)}; stopped the other ranks still "
-            f"running ({others}). Results so far: {run_dir}\n--- rank {failed} output ---\n{tb}",
-            failed, code, tb, run)
+            f"rank {first} failed first, with {describe_exit(code)}{later}; stopped the other ranks "
+            f"still running ({stopped}). Results so far: {run_dir}\n--- rank {first} output ---\n{tb}",
+            first, code, tb, run, after)
     detail = ", ".join(
         f"rank {r} at step {run.last_step(r)}" if run.last_step(r) is not None
         else f"rank {r} before its first step" for r in still)
+    rank_stacks = stacks.rank_stacks(run_dir, attempt, still)
+    waits = stacks.rank_waits(run_dir, attempt, still)
+    if group.echo != "none":
+        print(f"[launch] deadline passed; where each rank was:\n{stacks.format_stacks(rank_stacks, waits)}",
+              flush=True)
     raise LaunchTimeout(
         f"timed out after {timeout:g} s with ranks still running: {detail} (last finished "
         f"micro-step). A rank waiting for a peer that never comes looks like this: a wrong "
-        f"world size, a skipped collective, or uneven inputs. All ranks were stopped. "
-        f"Results so far: {run_dir}", {r: run.last_step(r) for r in still}, run)
+        f"world size, a skipped collective, or uneven inputs. All ranks were stopped; "
+        f"each one's Python stack is in .stacks. Results so far: {run_dir}",
+        {r: run.last_step(r) for r in still}, run, rank_stacks, waits)
+
+
+def _failure_order(group: _WorkerGroup, exited_failing, notes: Dict[int, dict]) -> List[int]:
+    """The ranks that failed, earliest first: by the moment each noted its failure
+    (``time.monotonic()``, one clock for the machine), else by when its exit was seen."""
+    failed = set(exited_failing) | set(notes)
+
+    def when(rank: int) -> Tuple[float, int]:
+        noted = notes.get(rank, {}).get("failed_at")
+        if isinstance(noted, (int, float)):
+            return float(noted), rank
+        return group.exit_seen.get(rank, math.inf), rank
+
+    return sorted(failed, key=when)

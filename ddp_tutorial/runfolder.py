@@ -27,6 +27,9 @@ from typing import Any, Dict, List, Optional
 RUN_DIR_ENV = "DDP_TUTORIAL_RUN_DIR"
 #: The file ``launch`` claims its run folder with (``O_EXCL``): one launch per folder.
 CLAIM_FILE = ".launch.json"
+#: Where each rank leaves notes for ``launch``: when it failed, and its stacks when stopped
+#: (written by ``rank/bootstrap.py``'s ``RankNotes``; the file names are its).
+RANK_NOTES = ".ranks"
 
 
 class RunFolderError(ValueError):
@@ -99,6 +102,39 @@ def _ends_mid_line(path: str) -> bool:
             return False
         f.seek(-1, os.SEEK_END)
         return f.read(1) != b"\n"
+
+
+def failure_notes(run_dir, attempt: int) -> Dict[int, Dict[str, Any]]:
+    """rank -> ``{"failed_at": <time.monotonic()>, "exit_code": ...}`` of each rank of ``attempt``
+    whose script raised or exited non-zero (a rank killed by a signal leaves none)."""
+    notes = {}
+    for path in Path(run_dir, RANK_NOTES).glob(f"failure-attempt{attempt}-rank*.json"):
+        try:
+            notes[int(path.stem.rsplit("rank", 1)[1])] = json.loads(path.read_text())
+        except (OSError, ValueError):  # torn or unreadable: as if the rank left none
+            continue
+    return notes
+
+
+def stack_notes(run_dir, attempt: int) -> Dict[int, str]:
+    """rank -> every thread's Python stack (faulthandler's words) that the rank wrote when SIGTERM stopped it."""
+    stacks = {}
+    for path in Path(run_dir, RANK_NOTES).glob(f"stacks-attempt{attempt}-rank*.txt"):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        if text.strip():
+            stacks[int(path.stem.rsplit("rank", 1)[1])] = text
+    return stacks
+
+
+def drop_rank_notes_if_empty(run_dir) -> None:
+    """After a run whose ranks all exited 0: no folder of notes is left if they wrote none."""
+    try:
+        Path(run_dir, RANK_NOTES).rmdir()
+    except OSError:  # not there, or holds notes
+        pass
 
 
 def read_jsonl(path: Path) -> List[Dict[str, Any]]:

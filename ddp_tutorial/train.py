@@ -249,6 +249,8 @@ def parse_flags(argv=None):
 
 
 if __name__ == "__main__":
-    from ddp_tutorial.rank.bootstrap import exit_without_teardown
+    from ddp_tutorial.rank.bootstrap import exit_skipping_interpreter_cleanup
 
-    exit_without_teardown(main())  # gloo's objects destroyed at interpreter exit can abort a finished run
+    # main() tears down (step 5); what is skipped is only the interpreter's garbage
+    # collection, where gloo's objects destroyed that late can abort a finished run.
+    exit_skipping_interpreter_cleanup(main())

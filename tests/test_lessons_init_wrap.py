@@ -48,9 +48,35 @@ def test_default_process_group_timeouts_reported(init_rows):
     assert all(r["default_pg_nccl_timeout_s"] in (None, 600) for r in init_rows)
 
 
-def test_threads_one_per_rank_and_torch_default_reported(init_rows):
+def test_threads_one_per_rank(init_rows):
     assert all(r["torch_threads"] == 1 for r in init_rows)
-    assert all(1 <= r["default_threads"] <= r["cpu_count"] for r in init_rows)
+    assert all(r["default_threads"] is None for r in init_rows)  # asked for with --probe-default-threads
+
+
+def fresh_process_default_threads() -> int:
+    """What torch picks in a plain new Python without OMP_NUM_THREADS: the demo must show this."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                         env=env, capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[-1])
+
+
+@pytest.mark.parametrize("warm", ["1", "0"], ids=["warm", "cold"])
+def test_threads_demo_shows_torchs_real_default_in_every_start_mode(warm, monkeypatch):
+    monkeypatch.setenv("DDP_TUTORIAL_WARM", warm)
+    rows = lessons.threads_demo(world_size=2)
+    default = fresh_process_default_threads()
+    assert rows[0]["default_threads"] == default
+    totals = lessons.threads_totals(rows)
+    assert totals == {"ranks": 2, "cpus": rows[0]["cpu_count"], "default_per_process": default,
+                      "with_default": 2 * default, "as_launched": 2}
+    text = lessons.format_threads(rows)
+    assert f"torch's default in a fresh process here: {default} thread(s)" in text
+    assert f"2 ranks with torch's default: {2 * default} threads" in text
 
 
 def test_wrong_world_size_ends_at_the_process_group_timeout_with_both_ranks_stuck_in_init():

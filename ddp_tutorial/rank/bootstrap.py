@@ -16,13 +16,22 @@ imported torch, so a script that never imports it pays nothing; every rank's
 env:// joins it as a client (TORCHELASTIC_USE_AGENT_STORE=True), so no store
 listens on other interfaces. As that store outlives any one process group,
 each rendezvous of a worker gets keys of its own (``fresh_key_space_per_rendezvous``).
+
+Under ``launch`` a rank also leaves two notes in ``<run_dir>/.ranks/`` (``RankNotes``):
+when it failed, on a clock every process of the machine shares, so that ``launch``
+names the rank that failed *first* even when a later failure exits sooner; and,
+when SIGTERM stops it, each of its threads' Python stacks (``faulthandler``), so
+that a launch deadline shows where every rank was waiting.
 """
 
 import atexit
+import faulthandler
+import json
 import os
 import runpy
 import signal
 import sys
+import time
 
 #: Keeps rank 0's store (and so its server) alive until the process exits.
 _STORE = []
@@ -197,6 +206,76 @@ def prepare_store() -> None:
         sys.meta_path.insert(0, _AfterTorchImport(when_torch_is_in))
 
 
+class RankNotes:
+    """This rank's notes for ``launch`` in ``<run_dir>/.ranks/`` (read back by ``runfolder.rank_notes``).
+
+    ``failure-attempt<A>-rank<R>.json``: ``{"failed_at": time.monotonic(), "exit_code": ...}``,
+    written the moment the script's exception reaches the bootstrap, before the slow part
+    (the traceback report, atexit handlers, exiting). CLOCK_MONOTONIC is one clock for the
+    whole machine, so notes of different ranks compare.
+
+    ``stacks-attempt<A>-rank<R>.txt``: what ``faulthandler`` writes when SIGTERM arrives
+    (every thread's Python stack, most recent call first), after which the rank dies of
+    SIGTERM as it would have. faulthandler's handler runs in C, so it answers even while
+    the script waits inside a collective. Left empty (and removed at exit) otherwise.
+    """
+
+    FOLDER = ".ranks"
+
+    def __init__(self, run_dir: str, rank: int, attempt: int):
+        folder = os.path.join(run_dir, self.FOLDER)
+        os.makedirs(folder, exist_ok=True)
+        self.failure_path = os.path.join(folder, f"failure-attempt{attempt}-rank{rank}.json")
+        self.stacks_path = os.path.join(folder, f"stacks-attempt{attempt}-rank{rank}.txt")
+        self._stacks = open(self.stacks_path, "w")  # faulthandler needs the file before the signal
+
+    @classmethod
+    def for_this_rank(cls) -> "RankNotes | None":
+        """The notes of a rank started by ``launch`` (which sets the run folder), else None."""
+        run_dir = os.environ.get("DDP_TUTORIAL_RUN_DIR")
+        if not run_dir:
+            return None
+        try:
+            return cls(run_dir, int(os.environ.get("RANK", 0)),
+                       int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
+        except (OSError, ValueError):  # notes help; a rank runs without them
+            return None
+
+    def dump_stacks_on_sigterm(self) -> None:
+        """On SIGTERM: write every thread's stack, then die of SIGTERM (``chain``) as before.
+
+        A process the script forks (a DataLoader worker) inherits the handler: it is
+        dropped there, so only the rank writes this file. A script that installs its
+        own SIGTERM handler replaces this one: that rank then has no stacks.
+        """
+        faulthandler.register(signal.SIGTERM, file=self._stacks, all_threads=True, chain=True)
+        os.register_at_fork(after_in_child=lambda: faulthandler.unregister(signal.SIGTERM))
+
+    def failed(self, failed_at: float, code: int) -> None:
+        """Record a failure at ``failed_at``; a SIGTERM from here on no longer cuts the report short."""
+        # launch stops the other ranks as soon as it sees one fail: this rank's traceback
+        # is worth the grace period it gets before SIGKILL.
+        faulthandler.unregister(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        record = {"failed_at": failed_at, "exit_code": code, "pid": os.getpid()}
+        try:
+            with open(self.failure_path + ".tmp", "w") as f:
+                f.write(json.dumps(record))
+            os.replace(self.failure_path + ".tmp", self.failure_path)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """At exit: drop the stacks file if SIGTERM never filled it."""
+        faulthandler.unregister(signal.SIGTERM)  # never write to a descriptor about to close
+        try:
+            self._stacks.close()
+            if os.path.getsize(self.stacks_path) == 0:
+                os.remove(self.stacks_path)
+        except OSError:
+            pass
+
+
 def main() -> None:
     die_with_launcher()
     if len(sys.argv) < 2:
@@ -208,28 +287,43 @@ def run_rank() -> None:
     """What every rank does once it exists, started cold or forked by the fork server.
 
     Hosts or joins the store, runs the script (``sys.argv[1:]``) as ``__main__``,
-    reports its exception as Python would, and exits without the interpreter's teardown.
+    reports its exception as Python would, and exits skipping the interpreter's cleanup.
     """
     prepare_store()
+    notes = RankNotes.for_this_rank()
+    if notes:
+        notes.dump_stacks_on_sigterm()
     code = 0
     try:
         run_script()
     except SystemExit as exc:
+        failed_at = time.monotonic()
         code = exit_code(exc)
+        if code and notes:
+            notes.failed(failed_at, code)
     except KeyboardInterrupt:
+        if notes:
+            notes.failed(time.monotonic(), 130)
         code = 130
     except BaseException:
+        if notes:  # first: the report below can take longer than a peer needs to fail and exit
+            notes.failed(time.monotonic(), 1)
         exc_type, exc, tb = sys.exc_info()
         tb = script_frames(tb) or tb
         sys.excepthook(exc_type, exc.with_traceback(tb), tb)  # the usual report, from the script on
         code = 1
-    exit_without_teardown(code)
+    if notes:
+        notes.close()
+    exit_skipping_interpreter_cleanup(code)
 
 
-def exit_without_teardown(code: int) -> None:
-    """Exit with ``code`` after atexit handlers and flushed output, skipping the interpreter's teardown.
+def exit_skipping_interpreter_cleanup(code: int) -> None:
+    """Exit with ``code`` after atexit handlers and flushed output, skipping the interpreter's cleanup.
 
-    The teardown would garbage-collect every object torch made (0.3-0.5 s per
+    The script's own teardown (``destroy_process_group``) has run by then; what is
+    skipped is the interpreter's garbage collection of every object left.
+
+    That cleanup would garbage-collect every object torch made (0.3-0.5 s per
     rank), and destroying gloo's objects that late can abort the process
     ("terminate called without an active exception", seen with torch 2.13 after
     destroy_process_group had returned). ``train.py`` leaves this way too, so

@@ -26,7 +26,7 @@ def run_init_demo(world_size: int, threads: int = 1, echo: str = "none", extra_a
 
     Args:
         world_size: number of ranks.
-        threads: torch threads per rank (0: torch's default).
+        threads: torch threads per rank (0: as the process started, i.e. OMP_NUM_THREADS).
         echo: which ranks' output to print.
         extra_args: more flags of ``init_demo.py`` (e.g. ``--pg-timeout 5``).
         **launch_kwargs: passed to ``launch`` (e.g. ``timeout``, ``env``, ``master_port``).
@@ -72,13 +72,27 @@ def format_init_sweep(sweep: Dict[int, List[dict]]) -> str:
     return "\n".join(lines)
 
 
+def threads_demo(world_size: int = 4, echo: str = "none") -> List[dict]:
+    """``init_rows`` of one ``init_demo.py`` run in which rank 0 also asks a fresh Python for
+    torch's default thread count (``--probe-default-threads``), the same warm or cold."""
+    return init_rows(run_init_demo(world_size, echo=echo, extra_args=["--probe-default-threads"]))
+
+
+def threads_totals(rows: List[dict]) -> Dict[str, int]:
+    """Threads the ranks of a ``threads_demo`` run: with the launcher's setting, with torch's default, CPUs."""
+    default = rows[0]["default_threads"]
+    return {"ranks": len(rows), "cpus": rows[0]["cpu_count"], "default_per_process": default,
+            "with_default": len(rows) * default, "as_launched": sum(r["torch_threads"] for r in rows)}
+
+
 def format_threads(rows: List[dict]) -> str:
-    """Per rank of one ``init_rows`` result: threads it runs, torch's default, CPUs; then totals."""
-    lines = [f"rank {r['rank']}: runs {r['torch_threads']} torch thread(s); torch's default would be "
-             f"{r['default_threads']}; the machine has {r['cpu_count']} CPU(s)" for r in rows]
-    lines.append(f"{len(rows)} ranks with torch's default: {sum(r['default_threads'] for r in rows)} threads "
-                 f"for {rows[0]['cpu_count']} CPU(s); with the launcher's setting: "
-                 f"{sum(r['torch_threads'] for r in rows)}")
+    """Per rank of a ``threads_demo`` run: threads it runs; then torch's default and the totals."""
+    totals = threads_totals(rows)
+    lines = [f"rank {r['rank']}: runs {r['torch_threads']} torch thread(s)" for r in rows]
+    lines.append(f"torch's default in a fresh process here: {totals['default_per_process']} thread(s) "
+                 f"(the machine has {totals['cpus']} CPU(s))")
+    lines.append(f"{totals['ranks']} ranks with torch's default: {totals['with_default']} threads for "
+                 f"{totals['cpus']} CPU(s); with the launcher's setting: {totals['as_launched']}")
     return "\n".join(lines)
 
 def launch_wrong_world_size(world_size: int = 2, claimed: int = 3, pg_timeout: float = 5.0,

@@ -1,0 +1,91 @@
+"""Where was each rank? The Python stacks ranks write when a launch stops them.
+
+When ``launch``'s deadline passes, it stops the ranks with SIGTERM, and each rank's
+bootstrap has ``faulthandler`` write every thread's Python stack first
+(``rank/bootstrap.py``, ``RankNotes``). This module turns those notes into what a
+learner needs: the main thread's stack from the script on, and the
+``torch.distributed`` call it was waiting in. Standard library only (kernel side).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Optional, Tuple
+
+from ddp_tutorial import runfolder
+
+_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$')
+#: Frames of the machinery that starts a rank, left out of what a learner reads.
+_MACHINERY = ("/rank/bootstrap.py", "/rank/forkserver.py", "/runpy.py", "<frozen runpy>")
+
+
+def _threads(text: str) -> List[Tuple[str, List[Tuple[str, str, str]]]]:
+    """faulthandler's dump as [(header, [(file, line, function), ...]), ...], most recent call first."""
+    threads: List[Tuple[str, List[Tuple[str, str, str]]]] = []
+    for line in text.splitlines():
+        if _THREAD.match(line):
+            threads.append((line.rstrip(":").strip(), []))
+        elif threads and _FRAME.match(line):
+            m = _FRAME.match(line)
+            threads[-1][1].append((m["file"], m["line"], m["func"].strip()))
+    return threads
+
+
+def _main_thread(text: str) -> List[Tuple[str, str, str]]:
+    """The frames of the thread that runs the script: the one whose outermost frame starts the rank."""
+    threads = _threads(text)
+    for _, frames in threads:
+        if frames and any(frames[-1][0].endswith(m) for m in _MACHINERY[:2]):
+            return frames
+    current = [frames for header, frames in threads if header.lower().startswith("current")]
+    return current[0] if current else (threads[0][1] if threads else [])
+
+
+def script_stack(text: str) -> str:
+    """The main thread's stack from the script on, most recent call first, as faulthandler prints it."""
+    frames = [f for f in _main_thread(text) if not any(m in f[0] for m in _MACHINERY)]
+    if not frames:
+        return "(no Python frames)"
+    return "\n".join(f'  File "{file}", line {line} in {func}' for file, line, func in frames)
+
+
+def waiting_in(text: str) -> Optional[str]:
+    """The ``torch.distributed`` call the script was inside, e.g. ``"all_reduce"``; None if none.
+
+    The outermost frame in ``distributed_c10d.py`` is the collective the script called
+    (inner frames are its helpers); else the outermost frame of DDP or torch.distributed.
+    """
+    frames = list(reversed(_main_thread(text)))  # outermost first
+    for file, _, func in frames:
+        if file.replace("\\", "/").endswith("torch/distributed/distributed_c10d.py"):
+            return func
+    for file, _, func in frames:
+        path = file.replace("\\", "/")
+        if "/torch/distributed/" in path or path.endswith("torch/nn/parallel/distributed.py"):
+            return func
+    return None
+
+
+def rank_stacks(run_dir, attempt: int, ranks) -> Dict[int, str]:
+    """rank -> its script's stack at the moment it was stopped, for each of ``ranks``."""
+    notes = runfolder.stack_notes(run_dir, attempt)
+    return {r: (script_stack(notes[r]) if r in notes else
+                "(no stack: the rank did not write one when stopped; a script with its own "
+                "SIGTERM handler, or a rank killed before it could, leaves none)") for r in ranks}
+
+
+def rank_waits(run_dir, attempt: int, ranks) -> Dict[int, Optional[str]]:
+    """rank -> the torch.distributed call it was inside when stopped (None: none, or no stack)."""
+    notes = runfolder.stack_notes(run_dir, attempt)
+    return {r: (waiting_in(notes[r]) if r in notes else None) for r in ranks}
+
+
+def format_stacks(stacks: Dict[int, str], waits: Dict[int, Optional[str]]) -> str:
+    """All ranks' stacks, one block each, headed by where the rank was waiting."""
+    blocks = []
+    for rank in sorted(stacks):
+        where = (f"inside torch.distributed.{waits[rank]}" if waits.get(rank)
+                 else "not inside a torch.distributed call")
+        blocks.append(f"--- rank {rank}, {where} (most recent call first) ---\n{stacks[rank]}")
+    return "\n".join(blocks)

@@ -1,0 +1,89 @@
+"""Which rank failed first, and where each rank was when a deadline passed.
+
+A rank's exit can come long after its failure (a slow traceback, atexit handlers),
+so ``launch`` orders failures by the moment each rank noted its own; and at a
+deadline every rank writes its Python stack before it stops.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from conftest import processes_of_run
+from ddp_tutorial import LaunchTimeout, WorkerError, launch, stacks
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+@pytest.mark.parametrize("first", [0, 1])
+def test_the_rank_that_failed_first_is_named_even_when_it_exits_last(first, warm):
+    second = 1 - first
+    for _ in range(4 if warm else 1):
+        with pytest.raises(WorkerError) as info:
+            launch(str(SCRIPTS / "fail_in_order.py"), 2, ["--first", str(first)], timeout=60,
+                   echo="none", warm=warm)
+        err = info.value
+        assert err.rank == first, str(err)
+        assert f"RuntimeError: rank {first} fails first" in err.traceback
+        assert err.failed_after == [second]
+        assert f"rank {first} failed first" in str(err) and f"rank {second} failed after it" in str(err)
+        assert not processes_of_run(err.run.run_dir)
+
+
+def test_a_rank_killed_by_a_signal_leaves_no_note_and_is_still_named():
+    with pytest.raises(WorkerError) as info:
+        launch(str(SCRIPTS / "killed_by_signal.py"), 2, timeout=60, echo="none")
+    err = info.value
+    assert err.rank == 1 and err.exit_code == -9 and err.failed_after == []
+    assert "killed by SIGKILL" in str(err) and "stopped the other ranks still running (0)" in str(err)
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_a_deadline_shows_each_ranks_stack(warm, capsys):
+    with pytest.raises(LaunchTimeout) as info:
+        # Long enough for both ranks to join and reach their waits on a busy machine.
+        launch(str(SCRIPTS / "wait_for_missing_peer.py"), 2, timeout=12, warm=warm)
+    err = info.value
+    assert set(err.stacks) == {0, 1}
+    assert err.waiting_in == {0: None, 1: "all_reduce"}
+    assert "in all_reduce" in err.stacks[1] and "wait_for_missing_peer.py" in err.stacks[1]
+    assert "in rank0_keeps_computing" in err.stacks[0] and "all_reduce" not in err.stacks[0]
+    # What a learner reads: the script's frames only, not the machinery that started the rank.
+    assert "bootstrap.py" not in err.stacks[1] and "runpy" not in err.stacks[1]
+    # The message stays short; the stacks are printed once.
+    assert "all_reduce" not in str(err) and ".stacks" in str(err)
+    out = capsys.readouterr().out
+    assert out.count("deadline passed; where each rank was") == 1
+    assert "rank 1, inside torch.distributed.all_reduce" in out
+    assert "rank 0, not inside a torch.distributed call" in out
+    assert not processes_of_run(err.run.run_dir)
+
+
+def test_a_rank_that_ignores_sigterm_has_no_stack_and_says_why():
+    with pytest.raises(LaunchTimeout) as info:
+        launch(str(SCRIPTS / "ignore_sigterm.py"), 1, timeout=3, grace=0.5, echo="none")
+    assert "no stack" in info.value.stacks[0] and info.value.waiting_in == {0: None}
+
+
+def test_stacks_are_read_from_faulthandlers_words():
+    dump = '''Thread 0x00007f0000000001 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f0000000002 (most recent call first):
+  File "/x/site-packages/torch/distributed/distributed_c10d.py", line 2810 in all_reduce
+  File "/x/site-packages/torch/distributed/c10d_logger.py", line 81 in wrapper
+  File "/home/me/train.py", line 40 in main
+  File "/home/me/train.py", line 50 in <module>
+  File "<frozen runpy>", line 88 in _run_code
+  File "/x/ddp_tutorial/rank/bootstrap.py", line 340 in run_script
+  File "/x/ddp_tutorial/rank/bootstrap.py", line 300 in run_rank
+  File "/x/ddp_tutorial/rank/bootstrap.py", line 360 in <module>
+'''
+    assert stacks.waiting_in(dump) == "all_reduce"
+    shown = stacks.script_stack(dump)
+    assert shown.splitlines()[0].endswith("in all_reduce") and shown.splitlines()[-1].endswith("in <module>")
+    assert "bootstrap.py" not in shown and "threading.py" not in shown
+    assert stacks.waiting_in(dump.replace("distributed_c10d.py", "other.py").replace(
+        "c10d_logger.py", "x.py").replace("torch/distributed", "torch/nn")) is None
