@@ -753,7 +753,7 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
     elif backend == "nccl":  # CUDA in a forked process is not what a cold rank gets: start cold
         cold_reason = "nccl launches start cold"
     else:
-        cold_reason = None
+        cold_reason = warmstart.environment_before_torch(target)
     attempt = 0
     while True:
         group, port = _start_group(cmd, world_size, run_dir, backend, attempt, max_restarts,

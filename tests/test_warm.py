@@ -276,3 +276,29 @@ def test_the_distributed_debug_level_is_each_launchs_own_without_a_server_of_its
     assert warmstart.server_pid() == server  # no new server for the debug level, and none after it
     assert plain.output[0] == again.output[0] == ["DebugLevel.OFF"]
     assert detail.output[0] == cold.output[0] == ["DebugLevel.DETAIL"]
+
+
+def test_a_script_that_sets_the_environment_before_importing_torch_starts_cold(tmp_path):
+    run = launch(str(SCRIPTS / "threads_before_torch.py"), 2, echo="none")
+    assert run.start_mode == "cold"
+    assert "threads_before_torch.py sets environment variables before importing torch (line 5)" in run.cold_reason
+    assert [run.result(r, "threads") for r in (0, 1)] == [2, 2]  # the setting took effect
+    after = tmp_path / "after.py"
+    after.write_text("import os\nimport torch\nos.environ['OMP_NUM_THREADS'] = '2'\n")
+    assert launch(str(after), 1, echo="none").start_mode == "warm"
+
+
+@pytest.mark.parametrize("source, cold", [
+    ("import os\nos.environ['A'] = '1'\nimport torch\n", True),
+    ("import os\nos.environ.update(A='1')\nimport torch.distributed as dist\n", True),
+    ("from os import environ\nenviron.setdefault('A', '1')\nfrom torch import nn\n", True),
+    ("import os\nos.putenv('A', '1')\n", True),
+    ("import os\ndel os.environ['A']\nimport torch\n", True),
+    ("import os\nx = os.environ.get('A')\nimport torch\n", False),
+    ("import os\ndef f():\n    os.environ['A'] = '1'\nimport torch\n", False),
+    ("import torch\nimport os\nos.environ['A'] = '1'\n", False),
+])
+def test_environment_before_torch_is_read_from_the_source(tmp_path, source, cold):
+    path = tmp_path / "s.py"
+    path.write_text(source)
+    assert (warmstart.environment_before_torch([str(path)]) is not None) == cold
