@@ -50,3 +50,13 @@ def test_zero1_and_fsdp2_on_real_ranks():
     assert totals["ddp"]["bytes"] == 4 * 18696
     assert totals["fsdp"]["bytes"] == 3 * 4 * 18696
     assert totals["fsdp"]["bus_bytes"] == 1.5 * totals["ddp"]["bus_bytes"]
+
+
+def test_bench_prints_the_sharding_tables_behind_its_option(capsys):
+    from ddp_tutorial import bench
+
+    assert bench.main(["--sharding"]) == 0
+    out = capsys.readouterr().out
+    assert "FSDP2 (fully_shard)" in out and "1.50x" in out and "fp16_compress_hook" in out and "7B" in out
+    with pytest.raises(SystemExit):
+        bench.main(["--sharding", "--quick"])

@@ -299,5 +299,17 @@ def ring_ratio(world_size: int) -> float:
     return 3 * bus_factor("all_gather_single", world_size) / bus_factor("all_reduce", world_size)
 
 
+def report(run: Run) -> str:
+    """The lab's tables as text (``python -m ddp_tutorial.bench --sharding`` prints it)."""
+    memory = memory_table(run)
+    sections = [format_memory(memory), format_comm(comm_per_step(run))]
+    if _records(run, "compress")[0]:
+        sections.append(format_compress(compress_summary(run)))
+    per_param = bytes_per_parameter(memory)
+    sections.append(format_calculator(calculator([1e9, 7e9], 8, 80, per_param), 8, 80,
+                                      "projection (activations left out), float32 Adam as measured:"))
+    return "\n\n".join(sections)
+
+
 __all__ = ["run_lab", "memory_table", "format_memory", "comm_per_step", "format_comm", "zero_summary",
-           "fsdp_summary", "compress_summary", "calculator", "format_calculator", "GPU_DIFFERENCES", "show"]
+           "fsdp_summary", "compress_summary", "calculator", "format_calculator", "GPU_DIFFERENCES", "show", "report"]
