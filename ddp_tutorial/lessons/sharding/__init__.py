@@ -23,21 +23,9 @@ SCRIPT = scripts_path("sharding_lab.py")
 PARTS = ("memory", "zero", "fsdp", "compress")
 STRATEGIES = {"ddp": "DDP + Adam", "zero1": "DDP + ZeRO-1 (ZeroRedundancyOptimizer)", "fsdp": "FSDP2 (fully_shard)"}
 KINDS = ("param_bytes", "grad_bytes", "state_bytes")
-KIND_NAMES = {"param_bytes": "parameters", "grad_bytes": "gradients", "state_bytes": "Adam state"}
 #: The ZeRO paper's accounting (Rajbhandari et al., 2020), bytes per parameter of mixed-precision Adam:
 #: fp16 parameters 2, fp16 gradients 2, and K = 12 of optimizer state (fp32 master copy, momentum, variance).
 PAPER_MIXED_PRECISION = {"param_bytes": 2, "grad_bytes": 2, "state_bytes": 12}
-#: What differs on GPUs, said, not shown here (checked against torch 2.13's source).
-GPU_DIFFERENCES = (
-    "nccl: FSDP2 and DDP run their collectives on separate CUDA streams, so all-gathers, reduce-scatters "
-    "and all-reduces overlap compute; FSDP2 also prefetches the next layer's all-gather. On gloo they block.",
-    "mixed precision: fully_shard(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
-    "reduce_dtype=torch.float32)) all-gathers bf16 parameters (half the bytes) and keeps fp32 shards "
-    "for the optimizer; DDP accepts bf16_compress_hook only with CUDA and NCCL >= 2.10.",
-    "CPU offload: fully_shard(offload_policy=CPUOffloadPolicy()) keeps sharded parameters, gradients "
-    "and optimizer state in CPU memory, copies each shard to the GPU before its all-gather, and runs "
-    "the optimizer step on the CPU.",
-)
 
 
 def show(function: str) -> None:
@@ -182,7 +170,8 @@ def format_comm(comm: dict) -> str:
     lines = [f"{'strategy':<41}{'collective':<23}{'calls':>6}{'bytes (full tensors)':>22}{'ring bytes sent/rank':>22}"]
     for strategy, ops in comm.items():
         for op, row in ops.items():
-            lines.append(f"{STRATEGIES[strategy]:<41}{op:<23}{row['calls']:>6}{row['bytes']:>22,}{row['bus_bytes']:>22,.0f}")
+            lines.append(f"{STRATEGIES[strategy]:<41}{op:<23}{row['calls']:>6}{row['bytes']:>22,}"
+                         f"{row['bus_bytes']:>22,.0f}")
     totals = comm_totals(comm)
     base = totals["ddp"]["bus_bytes"]
     lines.append("ring bytes sent per rank, against DDP: " + ", ".join(
@@ -214,11 +203,13 @@ def fsdp_summary(run: Run) -> dict:
 
 
 def format_unsharded(events: List[dict]) -> str:
-    """One line per layer run: which layers held their whole parameters at that moment."""
+    """One line per layer run: which layers held their whole parameters, and what was all-gathered so far."""
     lines = []
     for e in events:
         whole = [f"{name}: {n:,}" for name, n in e["unsharded"].items() if n]
-        lines.append(f"{e['phase']:<9} of {e['layer']:<12} whole parameters held: " + (", ".join(whole) or "none"))
+        lines.append(f"{e['phase']:<9} of {e['layer']:<12} whole parameters registered: "
+                     f"{', '.join(whole) or 'none':<20}"
+                     f" all-gathered so far in {e['phase']}: {' + '.join(f'{n:,}' for n in e['all_gathered'])}")
     return "\n".join(lines)
 
 
@@ -231,7 +222,8 @@ def compress_summary(run: Run, rank: int = 0) -> dict:
     for name, calls in rec["collectives"].items():
         per_step = [sum(c["bytes"] for c in step) for step in calls]
         losses = rec["losses"][name]
-        out["hooks"][name] = {"bytes_per_step": sorted(set(per_step)), "dtypes": sorted({c["dtype"] for s in calls for c in s}),
+        out["hooks"][name] = {"bytes_per_step": sorted(set(per_step)),
+                              "dtypes": sorted({c["dtype"] for s in calls for c in s}),
                               "losses": losses, "digest": rec["digests"][name],
                               "max_diff_vs_fp32": rec["max_diff_vs_fp32"][name]}
     return out
@@ -283,7 +275,8 @@ def calculator(model_params: Sequence[float], devices: int, memory_gb: float,
 
 def format_calculator(rows: List[dict], devices: int, memory_gb: float, title: str = "") -> str:
     lines = [title] if title else []
-    lines.append(f"{'model':>8}  {'strategy':<15}{'bytes/param':>12}{f'GB per device (of {memory_gb:g})':>28}  fits on {devices}?")
+    lines.append(f"{'model':>8}  {'strategy':<15}{'bytes/param':>12}{f'GB per device (of {memory_gb:g})':>28}"
+                 f"  fits on {devices}?")
     for r in rows:
         lines.append(f"{_human(r['params']):>8}  {r['strategy']:<15}{r['bytes_per_param']:>12.2f}"
                      f"{r['gb_per_device']:>28.1f}  {'yes' if r['fits'] else 'no'}")
@@ -312,4 +305,4 @@ def report(run: Run) -> str:
 
 
 __all__ = ["run_lab", "memory_table", "format_memory", "comm_per_step", "format_comm", "zero_summary",
-           "fsdp_summary", "compress_summary", "calculator", "format_calculator", "GPU_DIFFERENCES", "show", "report"]
+           "fsdp_summary", "compress_summary", "calculator", "format_calculator", "show", "report"]

@@ -176,21 +176,27 @@ class _Probe(torch.autograd.Function):
 
 
 def watch_unsharded(layers: dict, events: list) -> None:
-    """While each layer runs forward and backward, note which layers hold their whole parameters."""
+    """While each layer runs forward and backward, note which layers hold their whole parameters.
+
+    Also the all-gathers issued so far in this phase (forward or backward): in
+    backward FSDP2 gathers the next layer ahead of time (``_backward_prefetch``),
+    before that layer registers its whole parameters.
+    """
     from torch.distributed.tensor import DTensor
 
-    def unsharded():
+    def snapshot(phase, name):
         # FSDP2 registers the sharded DTensors on a resharded module, plain tensors on an unsharded one.
-        return {name: sum(p.numel() for p in layer.parameters() if not isinstance(p, DTensor))
-                for name, layer in layers.items()}
+        events.append({"phase": phase, "layer": name,
+                       "unsharded": {n: sum(p.numel() for p in m.parameters() if not isinstance(p, DTensor))
+                                     for n, m in layers.items()},
+                       "all_gathered": [c["elements"] for c in log.calls if c["op"] == "all_gather_single"]})
 
     for name, layer in layers.items():
         forward = layer.forward  # called inside FSDP2's pre- and post-forward hooks
 
         def probed(x, name=name, forward=forward):
-            events.append({"phase": "forward", "layer": name, "unsharded": unsharded()})
-            x = _Probe.apply(x, lambda: events.append({"phase": "backward", "layer": name,
-                                                         "unsharded": unsharded()}))
+            snapshot("forward", name)
+            x = _Probe.apply(x, lambda: snapshot("backward", name))
             return forward(x)
 
         layer.forward = probed
@@ -279,7 +285,8 @@ def part_compress(args, rank, world_size):
     with log.recording():
         for step in range(args.compress_steps):
             start = (step * rows) % len(x_all)
-            x, y = shard(x_all[start:start + rows], rank, world_size), shard(y_all[start:start + rows], rank, world_size)
+            x = shard(x_all[start:start + rows], rank, world_size)
+            y = shard(y_all[start:start + rows], rank, world_size)
             for name, model in models.items():
                 train_step(model, optimizers[name], x, y)
                 calls[name].append(log.take())
