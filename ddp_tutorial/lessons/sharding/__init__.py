@@ -96,7 +96,7 @@ def format_memory(table: dict) -> str:
 
 def adam_state_bytes(elements: int, tensors: int, element_size: int = 4) -> int:
     """Adam's state for ``elements`` parameters in ``tensors`` tensors: exp_avg and exp_avg_sq per
-    element, and one ``step`` scalar per tensor (float32 on CPU unless capturable or fused)."""
+    element, and one ``step`` scalar per tensor (float32 unless torch's default dtype is float64)."""
     return 2 * element_size * elements + 4 * tensors
 
 
