@@ -14,6 +14,15 @@ _OP_COLORS = {"all_reduce": "#dd4444", "broadcast": "#8172b3", "all_gather_singl
               "reduce_scatter_single": "#55a868"}
 
 
+def _stacked_bar(ax: plt.Axes, x: float, parts: dict, labelled: set) -> None:
+    """One bar at ``x`` of ``parts`` (label -> (height, colour)), each label in the legend once."""
+    bottom = 0
+    for label, (height, color) in parts.items():
+        ax.bar(x, height, bottom=bottom, color=color, label=None if label in labelled else label)
+        labelled.add(label)
+        bottom += height
+
+
 def plot_memory_per_rank(table: dict, model: str = "wide", ax: Optional[plt.Axes] = None,
                          title: Optional[str] = None) -> plt.Axes:
     """Stacked bars: the bytes of parameters, gradients and Adam state each rank holds, per strategy.
@@ -25,14 +34,10 @@ def plot_memory_per_rank(table: dict, model: str = "wide", ax: Optional[plt.Axes
         title: the title.
     """
     ax = _axes(ax, figsize=(8, 3.5))
-    labels, x = [], 0
+    labels, x, labelled = [], 0, set()
     for strategy, ranks in table[model].items():
         for rank, rec in sorted(ranks.items()):
-            bottom = 0
-            for kind, color in _KIND_COLORS.items():
-                kb = rec[kind] / 1024
-                ax.bar(x, kb, bottom=bottom, color=color, label=_KIND_NAMES[kind] if x == 0 else None)
-                bottom += kb
+            _stacked_bar(ax, x, {_KIND_NAMES[k]: (rec[k] / 1024, c) for k, c in _KIND_COLORS.items()}, labelled)
             labels.append(f"{strategy}\nrank {rank}")
             x += 1
         x += 0.5  # a gap between strategies
@@ -55,14 +60,10 @@ def plot_comm_per_step(comm: dict, ax: Optional[plt.Axes] = None, title: Optiona
         title: the title.
     """
     ax = _axes(ax, figsize=(7, 3.2))
-    seen = set()
-    for i, (strategy, ops) in enumerate(comm.items()):
-        bottom = 0
-        for op, row in ops.items():
-            kb = row["bus_bytes"] / 1024
-            ax.bar(i, kb, bottom=bottom, color=_OP_COLORS.get(op, "grey"), label=None if op in seen else op)
-            seen.add(op)
-            bottom += kb
+    labelled = set()
+    for i, ops in enumerate(comm.values()):
+        _stacked_bar(ax, i, {op: (row["bus_bytes"] / 1024, _OP_COLORS.get(op, "grey")) for op, row in ops.items()},
+                     labelled)
     ax.set_xticks(range(len(comm)), list(comm), fontsize="small")
     ax.set_xlabel("strategy")
     ax.set_ylabel("KiB sent per rank per step")

@@ -45,29 +45,20 @@ def optimizer_states_in(obj):
             yield from optimizer_states_in(value)
 
 
-class ZeroObservers:
-    """What the common harness does not watch: ZeRO's calls, saved optimizer states, the last optimizer."""
+class ZeroObservers(harness.Observers):
+    """What the common harness does not watch: ZeRO's calls, saved optimizer states, the last optimizer.
+
+    ``patch`` and ``remove`` are the common harness's; ``install`` puts these observers in.
+    """
 
     def __init__(self):
+        super().__init__(seen=None, launcher=None)
         self.last_optimizer = None
         self.steps = 0  # steps of the script's own optimizer, not of ZeRO's inner Adam
         self.inner = set()  # ids of ZeRO's local optimizers
         self.consolidate_calls = 0
         self.state_dict_refused = None
         self.saved = []
-        self._patched = []
-        self._hook = None
-
-    def patch(self, owner, name, replacement):
-        self._patched.append((owner, name, getattr(owner, name)))
-        setattr(owner, name, replacement)
-
-    def remove(self):
-        for owner, name, original in reversed(self._patched):
-            setattr(owner, name, original)
-        self._patched.clear()
-        if self._hook is not None:
-            self._hook.remove()
 
     def install(self):
         zero_init = ZeroRedundancyOptimizer.__init__
