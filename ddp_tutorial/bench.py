@@ -4,6 +4,7 @@
     python -m ddp_tutorial.bench --quick      # fewer sizes and steps: about 30 s
     python -m ddp_tutorial.bench --out runs/bench
     python -m ddp_tutorial.bench --notebooks 5 --busy-core 2   # only the notebook suite, 5 rounds
+    python -m ddp_tutorial.bench --sharding   # only notebook 10's measurements: DDP, ZeRO-1, FSDP2, compression
 
 It prints one table: the all-reduce sweep and its α-β fit, buckets, overlap,
 accumulation, the scaling projection, and the kit's own speed as ratios measured
@@ -257,7 +258,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--busy-core", nargs="?", type=int, const=-1, default=0, metavar="K",
                         help="with --notebooks N: keep one core busy during the last K rounds "
                              "(all rounds without K), as on a shared classroom server")
+    parser.add_argument("--sharding", action="store_true",
+                        help="alone: skip the rest and print notebook 10's measurements on 2 ranks: bytes "
+                             "held per rank and sent per step under DDP, ZeRO-1 and FSDP2, compressed gradients")
     args = parser.parse_args(argv)
+    if args.sharding:
+        if args.quick or args.out or args.notebooks is not None or args.busy_core:
+            parser.error("--sharding goes alone")
+        from ddp_tutorial.lessons import sharding  # only here: the rest of the bench does not need it
+
+        print(sharding.report(sharding.run_lab()), flush=True)
+        return 0
     if args.notebooks is not None and args.notebooks > 0:  # N rounds of the notebook suite, nothing else
         busy = args.notebooks if args.busy_core < 0 else args.busy_core
         result = selfcheck.notebook_rounds(args.notebooks, busy)

@@ -69,7 +69,7 @@ def assert_nothing_left(result, tmp_path):
 
 # -- The kernel-side API, without launching anything ---------------------------
 def test_names_and_an_unknown_name():
-    assert exercises.NAMES == ("init", "wrap", "sampler", "no_sync", "teardown", "capstone")
+    assert exercises.NAMES == ("init", "wrap", "sampler", "no_sync", "teardown", "capstone", "shard")
     for call in (exercises.check, exercises.start, exercises.hint, exercises.solution):
         with pytest.raises(ValueError, match="init, wrap, sampler, no_sync, teardown, capstone"):
             call("nosync")
@@ -130,6 +130,7 @@ SKELETON_FAILS = {
     "no_sync": ("one gradient all-reduce", "no_sync() was never used"),
     "teardown": ("destroy_process_group called", "never called destroy_process_group"),
     "capstone": ("one gradient all-reduce", "built no DDP model"),
+    "shard": ("Adam's state is sharded", "every rank holds Adam's whole state"),
 }
 
 

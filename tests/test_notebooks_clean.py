@@ -13,14 +13,18 @@ def test_the_ladder_is_there():
     assert names == ["00_overview.ipynb", "01_init_process_group.ipynb", "02_ddp_wrap.ipynb",
                      "03_distributed_sampler.ipynb", "04_no_sync_accumulation.ipynb", "05_teardown.ipynb",
                      "06_capstone_port_a_script.ipynb", "07_performance_lab.ipynb",
-                     "08_beyond_one_machine.ipynb", "09_pitfalls.ipynb"]
+                     "08_beyond_one_machine.ipynb", "09_pitfalls.ipynb", "10_beyond_ddp_sharding.ipynb"]
 
 
 def test_every_notebook_ends_with_a_recap_and_a_link_to_the_next():
-    for path, following in zip(NOTEBOOKS, NOTEBOOKS[1:]):
+    # The last one links back to the start: the overview or the README.
+    for path, following in zip(NOTEBOOKS, NOTEBOOKS[1:] + [None]):
         last = nbformat.read(path, as_version=4).cells[-1]
         assert last.cell_type == "markdown" and "Recap" in last.source, path.name
-        assert f"]({following.name})" in last.source, f"{path.name} should link to {following.name}"
+        if following is None:
+            assert f"]({NOTEBOOKS[0].name})" in last.source or "](../README.md)" in last.source, path.name
+        else:
+            assert f"]({following.name})" in last.source, f"{path.name} should link to {following.name}"
 
 
 def test_notebooks_01_to_05_ask_to_predict_and_end_with_an_exercise():

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Tuple
 
-from ddp_tutorial.exercises import judge, runs, settings
+from ddp_tutorial.exercises import judge, runs, settings, shard
 from ddp_tutorial.exercises.predict import ask, reveal
 
-NAMES = ("init", "wrap", "sampler", "no_sync", "teardown", "capstone")
+NAMES = ("init", "wrap", "sampler", "no_sync", "teardown", "capstone", "shard")
 PACKAGE_DIR = Path(__file__).resolve().parent
 SKELETONS_DIR = PACKAGE_DIR / "skeletons"
 #: The reference solutions: ``check("no_sync", SOLUTIONS_DIR / "no_sync.py")`` passes.
@@ -73,6 +73,7 @@ HINTS = {
         "num_replicas=world_size, rank=rank) needs no process group with 1 and 0, so one code path "
         "serves both. Then set_epoch every epoch, no_sync() (forward included) on the micro-batches that "
         "do not end a window, and torch.save only where rank == 0."),
+    "shard": shard.HINT,
 }
 
 
@@ -210,13 +211,14 @@ def _run_and_judge(name: str, script: Path, timeout: float, echo: str, folder: P
         plain, torchrun = (runs.finish(process, deadline, timeout) for process in started)
         attempts += [launched, plain, torchrun]
         return judge.judge_capstone(launched, plain, torchrun)
-    attempt = runs.run_launch(name, script, folder / "run", timeout, WORLD_SIZE, echo=echo)
+    harness = shard.HARNESS if name == "shard" else runs.HARNESS
+    attempt = runs.run_launch(name, script, folder / "run", timeout, WORLD_SIZE, echo=echo, harness=harness)
     attempts.append(attempt)
     return JUDGES[name](attempt)
 
 
 JUDGES = {"init": judge.judge_init, "wrap": judge.judge_wrap, "sampler": judge.judge_sampler,
-          "no_sync": judge.judge_no_sync}
+          "no_sync": judge.judge_no_sync, "shard": shard.judge_shard}
 
 
 def _result(name: str, script: Path, criteria: List[judge.Criterion], pids: List[int],

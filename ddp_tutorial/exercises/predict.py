@@ -91,6 +91,17 @@ QUESTIONS: Dict[str, Question] = {
                 "timeout helps."),
 }
 
+# Notebook 10: ZeroRedundancyOptimizer hands out whole tensors.
+QUESTIONS["10-zero-state"] = Question(
+    "10", "2 ranks, the wide model (64 -> 256 -> 8: tensors of 16,384, 2,048, 256 and 8 elements) with "
+          "ZeroRedundancyOptimizer(Adam). What share of DDP's Adam state does rank 0 hold?",
+    choices={"a": "half: every tensor is cut in two", "b": "much more than half: whole tensors are handed out",
+             "c": "all of it: rank 0 keeps a full copy"},
+    answer=lambda share: "a" if abs(share - 0.5) < 0.01 else "b" if share < 0.999 else "c",
+    explain="ZeroRedundancyOptimizer hands out whole parameters, largest first, each to the rank with the "
+            "fewest elements so far: the 16,384-element weight goes to rank 0 alone (88% of the elements), "
+            "the other three to rank 1. FSDP2 cuts every tensor instead, and each rank holds exactly half.")
+
 
 def _question(qid: str) -> Question:
     if qid not in QUESTIONS:

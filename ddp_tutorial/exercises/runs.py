@@ -119,14 +119,14 @@ def _last_line(lines: List[str]) -> str:
 
 
 def run_launch(exercise: str, script: Path, run_dir: Path, timeout: float, world_size: int = 2,
-               env: Optional[Dict[str, str]] = None, echo: str = "none") -> Attempt:
-    """The harness on ``world_size`` ranks under ``ddp_tutorial.launch``; ``echo`` as launch's."""
+               env: Optional[Dict[str, str]] = None, echo: str = "none", harness: Path = HARNESS) -> Attempt:
+    """``harness`` on ``world_size`` ranks under ``ddp_tutorial.launch``; ``echo`` as launch's."""
     attempt = Attempt("launch", world_size, timeout)
     run_dir = run_dir.resolve()
     t0 = time.monotonic()
     run = None
     try:
-        run = ddp_tutorial.launch(str(HARNESS), world_size, args=[exercise, str(script)], timeout=timeout,
+        run = ddp_tutorial.launch(str(harness), world_size, args=[exercise, str(script)], timeout=timeout,
                                   echo=echo, run_dir=str(run_dir),
                                   env={settings.OUT_DIR_ENV: str(run_dir), **(env or {})})
         attempt.exit_codes = dict(run.exit_codes)

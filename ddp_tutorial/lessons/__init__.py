@@ -10,6 +10,7 @@ its lesson starts on the ranks with ``launch``.
     lessons/teardown/         notebook 05: destroy_process_group, crashes, leftovers
     lessons/beyond/           notebook 08: uneven inputs with Join, the GPU check
     lessons/pitfalls/         notebook 09: the pitfalls lab
+    lessons/sharding/         notebook 10: memory, ZeRO-1, FSDP2, compressed gradients
 """
 
 from __future__ import annotations

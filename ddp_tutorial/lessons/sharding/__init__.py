@@ -1,0 +1,308 @@
+"""Notebook helpers of lesson 10, beyond DDP: memory, ZeRO-1, FSDP2 and compressed gradients.
+
+One launch of ``workers/sharding_lab.py`` measures everything on real ranks;
+the helpers here turn its records into the tables the notebook prints, plots
+and asserts. No torch is imported here.
+
+    lab = run_lab()                         # 2 ranks, gloo: memory, zero, fsdp, compress
+    mem = memory_table(lab)                 # bytes each rank holds, per model and strategy
+    print(format_memory(mem))
+    comm = comm_per_step(lab)               # bytes per step in each collective, counted from the tensors
+    print(format_calculator(calculator(...)))
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Sequence
+
+from ddp_tutorial.launcher import launch, scripts_path
+from ddp_tutorial.lessons import script_source
+from ddp_tutorial.runfolder import Run
+
+SCRIPT = scripts_path("sharding_lab.py")
+PARTS = ("memory", "zero", "fsdp", "compress")
+STRATEGIES = {"ddp": "DDP + Adam", "zero1": "DDP + ZeRO-1 (ZeroRedundancyOptimizer)", "fsdp": "FSDP2 (fully_shard)"}
+KINDS = ("param_bytes", "grad_bytes", "state_bytes")
+#: The ZeRO paper's accounting (Rajbhandari et al., 2020), bytes per parameter of mixed-precision Adam:
+#: fp16 parameters 2, fp16 gradients 2, and K = 12 of optimizer state (fp32 master copy, momentum, variance).
+PAPER_MIXED_PRECISION = {"param_bytes": 2, "grad_bytes": 2, "state_bytes": 12}
+
+
+def show(function: str) -> None:
+    """Print the source of ``function`` in the lab script (read, not imported)."""
+    print(script_source(SCRIPT, function))
+
+
+def run_lab(parts: Sequence[str] = PARTS, world_size: int = 2, steps: int = 8, timeout: float = 120.0,
+            **launch_kwargs) -> Run:
+    """Launch ``sharding_lab.py`` on ``world_size`` ranks (gloo, CPU) and return its ``Run``.
+
+    Args:
+        parts: which measurements (see the script's docstring).
+        world_size: ranks; every part runs on all of them.
+        steps: training steps of the ``zero`` and ``fsdp`` parts.
+        timeout: seconds before the launch counts as hung.
+        **launch_kwargs: passed to ``launch`` (``run_dir``, ``env``, ...).
+    """
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise ValueError(f"no part(s) {unknown}; one of {', '.join(PARTS)}")
+    return launch(SCRIPT, world_size, ["--parts", ",".join(parts), "--steps", str(steps)], timeout=timeout,
+                  echo="none", **launch_kwargs)
+
+
+def _records(run: Run, part: str) -> Dict[int, List[dict]]:
+    return {rank: [r for r in run.results(rank) if r.get("part") == part] for rank in range(run.world_size)}
+
+
+def _one(run: Run, part: str) -> Dict[int, dict]:
+    """Rank -> its (single) record of ``part``."""
+    found = _records(run, part)
+    missing = [rank for rank, recs in found.items() if not recs]
+    if missing:
+        raise KeyError(f"rank(s) {missing} reported no part {part!r} in {run.run_dir}")
+    return {rank: recs[-1] for rank, recs in found.items()}
+
+
+# -- 1. Memory -------------------------------------------------------------------
+def memory_table(run: Run) -> Dict[str, Dict[str, Dict[int, dict]]]:
+    """model -> strategy -> rank -> what that rank held after one step (bytes, elements, partition)."""
+    table: Dict[str, Dict[str, Dict[int, dict]]] = {}
+    for rank, recs in _records(run, "memory").items():
+        for rec in recs:
+            table.setdefault(rec["model"], {}).setdefault(rec["strategy"], {})[rank] = rec
+    return table
+
+
+def total_bytes(rec: dict) -> int:
+    return sum(rec[k] for k in KINDS)
+
+
+def format_memory(table: dict) -> str:
+    """Per model and strategy, the bytes each rank holds, and the share of DDP's."""
+    lines = []
+    for model, strategies in table.items():
+        elements = next(iter(strategies["ddp"].values()))["model_elements"]
+        lines.append(f"{model} model, {elements:,} parameters (float32):")
+        lines.append(f"  {'strategy':<41}{'rank':>5}{'parameters':>12}{'gradients':>11}{'Adam state':>12}"
+                     f"{'total':>10}{'of DDP':>8}")
+        ddp_total = total_bytes(strategies["ddp"][0])
+        for strategy, ranks in strategies.items():
+            for rank, rec in ranks.items():
+                lines.append(f"  {STRATEGIES[strategy]:<41}{rank:>5}{rec['param_bytes']:>12,}{rec['grad_bytes']:>11,}"
+                             f"{rec['state_bytes']:>12,}{total_bytes(rec):>10,}{total_bytes(rec) / ddp_total:>8.1%}")
+    return "\n".join(lines)
+
+
+def adam_state_bytes(elements: int, tensors: int, element_size: int = 4) -> int:
+    """Adam's state for ``elements`` parameters in ``tensors`` tensors: exp_avg and exp_avg_sq per
+    element, and one ``step`` scalar per tensor (float32 unless torch's default dtype is float64)."""
+    return 2 * element_size * elements + 4 * tensors
+
+
+def bytes_per_parameter(table: dict, model: str = "wide", strategy: str = "ddp") -> Dict[str, float]:
+    """Measured bytes per parameter of one rank (rank 0) under ``strategy``: parameters, gradients, state."""
+    rec = table[model][strategy][0]
+    return {k: rec[k] / rec["model_elements"] for k in KINDS}
+
+
+def zero_partition(table: dict, model: str) -> Dict[int, dict]:
+    """Per rank under ZeRO-1: the parameters whose Adam state it holds, their elements, its share."""
+    ranks = table[model]["zero1"]
+    sizes = ranks[0]["param_sizes"]
+    total = sum(sizes.values())
+    return {rank: {"params": rec["partition"], "elements": sum(sizes[p] for p in rec["partition"]),
+                   "share": sum(sizes[p] for p in rec["partition"]) / total, "state_bytes": rec["state_bytes"]}
+            for rank, rec in ranks.items()}
+
+
+def greedy_partition(sizes: Dict[str, int], world_size: int) -> List[List[str]]:
+    """ZeroRedundancyOptimizer's partition, recomputed: the largest tensor first, each to the emptiest rank.
+
+    (torch 2.13 ``_partition_parameters``: sorted by ``numel`` descending, ties to the lowest rank.)
+    """
+    ranks, load = [[] for _ in range(world_size)], [0] * world_size
+    for name, n in sorted(sizes.items(), key=lambda item: -item[1]):
+        r = load.index(min(load))
+        ranks[r].append(name)
+        load[r] += n
+    return ranks
+
+
+# -- 2./3. Communication -----------------------------------------------------------
+def bus_factor(op: str, world_size: int) -> float:
+    """Bytes each rank sends per byte of the full tensor, for ring algorithms (nccl-tests' busbw rule):
+    all-reduce 2(W-1)/W (a reduce-scatter then an all-gather); all-gather, reduce-scatter and
+    broadcast (W-1)/W."""
+    return (2 if op == "all_reduce" else 1) * (world_size - 1) / world_size
+
+
+def _summed(calls: List[dict], world_size: int) -> Dict[str, dict]:
+    out: Dict[str, dict] = {}
+    for c in calls:
+        row = out.setdefault(c["op"], {"calls": 0, "bytes": 0, "bus_bytes": 0.0, "dtypes": set()})
+        row["calls"] += 1
+        row["bytes"] += c["bytes"]
+        row["bus_bytes"] += c["bytes"] * bus_factor(c["op"], world_size)
+        row["dtypes"].add(c["dtype"])
+    return out
+
+
+def comm_per_step(run: Run, step: int = 1, rank: int = 0) -> Dict[str, Dict[str, dict]]:
+    """strategy -> collective -> calls, bytes of the full tensors and ring bus bytes in training step ``step``.
+
+    Counted from the tensors each collective was given (the worker records every call).
+    Step 0 is left out by default: it is the same, but a first step can differ in general.
+    """
+    w = run.world_size
+    zero, fsdp = _one(run, "zero")[rank]["collectives"][step], _one(run, "fsdp")[rank]["collectives"][step]
+    return {"ddp": _summed(fsdp["ddp"], w), "zero1": _summed(zero["backward"] + zero["step"], w),
+            "fsdp": _summed(fsdp["forward"] + fsdp["backward"] + fsdp["step"], w)}
+
+
+def comm_totals(comm: dict) -> Dict[str, dict]:
+    """strategy -> total bytes and bus bytes per step."""
+    return {s: {"bytes": sum(r["bytes"] for r in ops.values()), "bus_bytes": sum(r["bus_bytes"] for r in ops.values())}
+            for s, ops in comm.items()}
+
+
+def format_comm(comm: dict) -> str:
+    lines = [f"{'strategy':<41}{'collective':<23}{'calls':>6}{'bytes (full tensors)':>22}{'ring bytes sent/rank':>22}"]
+    for strategy, ops in comm.items():
+        for op, row in ops.items():
+            lines.append(f"{STRATEGIES[strategy]:<41}{op:<23}{row['calls']:>6}{row['bytes']:>22,}"
+                         f"{row['bus_bytes']:>22,.0f}")
+    totals = comm_totals(comm)
+    base = totals["ddp"]["bus_bytes"]
+    lines.append("ring bytes sent per rank, against DDP: " + ", ".join(
+        f"{STRATEGIES[s].split(' (')[0]} {t['bus_bytes'] / base:.2f}x" for s, t in totals.items()))
+    return "\n".join(lines)
+
+
+def zero_summary(run: Run) -> dict:
+    """ZeRO-1 against DDP after the same steps: equal or not, per-rank state, what a step sends."""
+    recs = _one(run, "zero")
+    return {"steps": recs[0]["steps"], "bit_identical_to_ddp": all(r["bit_identical_to_ddp"] for r in recs.values()),
+            "max_diff_vs_ddp": max(r["max_diff_vs_ddp"] for r in recs.values()),
+            "ranks_agree": len({r["digest"] for r in recs.values()}) == 1,
+            "state_bytes": {rank: r["state"]["state_bytes"] for rank, r in recs.items()},
+            "ddp_state_bytes": recs[0]["ddp_state"]["state_bytes"],
+            "partition": {rank: r["partition"] for rank, r in recs.items()}}
+
+
+def fsdp_summary(run: Run) -> dict:
+    """FSDP2 against DDP: what each rank holds, which layers were whole while each ran, the results."""
+    recs = _one(run, "fsdp")
+    r0 = recs[0]
+    return {"steps": r0["steps"], "held": {rank: r["held"] for rank, r in recs.items()},
+            "local_param_sizes": {rank: r["local_param_sizes"] for rank, r in recs.items()},
+            "unsharded_while_running": r0["unsharded_while_running"],
+            "first_grad_max_diff": max(r["first_grad_max_diff"] for r in recs.values()),
+            "max_diff_vs_ddp": max(r["max_diff_vs_ddp"] for r in recs.values()),
+            "ddp_vs_float64": r0["ddp_vs_float64"], "fsdp_vs_float64": r0["fsdp_vs_float64"]}
+
+
+def format_unsharded(events: List[dict]) -> str:
+    """One line per layer run: which layers held their whole parameters, and what was all-gathered so far."""
+    lines = []
+    for e in events:
+        whole = [f"{name}: {n:,}" for name, n in e["unsharded"].items() if n]
+        lines.append(f"{e['phase']:<9} of {e['layer']:<12} whole parameters registered: "
+                     f"{', '.join(whole) or 'none':<20}"
+                     f" all-gathered so far in {e['phase']}: {' + '.join(f'{n:,}' for n in e['all_gathered'])}")
+    return "\n".join(lines)
+
+
+# -- 4. Compressed gradients -------------------------------------------------------
+def compress_summary(run: Run, rank: int = 0) -> dict:
+    """Per hook: all-reduce bytes and dtype per step, the loss curve, and the distance to fp32 at the end."""
+    rec = _one(run, "compress")[rank]
+    out = {"steps": rec["steps"], "model_elements": rec["model_elements"],
+           "bf16_compress_hook_refused": rec["bf16_compress_hook_refused"], "hooks": {}}
+    for name, calls in rec["collectives"].items():
+        per_step = [sum(c["bytes"] for c in step) for step in calls]
+        losses = rec["losses"][name]
+        out["hooks"][name] = {"bytes_per_step": sorted(set(per_step)),
+                              "dtypes": sorted({c["dtype"] for s in calls for c in s}),
+                              "losses": losses, "digest": rec["digests"][name],
+                              "max_diff_vs_fp32": rec["max_diff_vs_fp32"][name]}
+    return out
+
+
+def loss_gap(summary: dict, name: str, base: str = "allreduce_hook (fp32)") -> float:
+    """Largest relative difference of ``name``'s loss curve from ``base``'s, over all steps."""
+    a, b = summary["hooks"][name]["losses"], summary["hooks"][base]["losses"]
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+def format_compress(summary: dict) -> str:
+    lines = [f"{'hook':<34}{'all-reduced per step':>22}{'dtype':>10}{'final loss':>12}{'max |param - fp32|':>20}"]
+    for name, h in summary["hooks"].items():
+        sent = f"{h['bytes_per_step'][0]:,} B" if h["bytes_per_step"] != [0] else "(in C++, not seen)"
+        lines.append(f"{name:<34}{sent:>22}{','.join(h['dtypes']) or '-':>10}{h['losses'][-1]:>12.6f}"
+                     f"{h['max_diff_vs_fp32']:>20.2e}")
+    return "\n".join(lines)
+
+
+# -- 5. The calculator -------------------------------------------------------------
+def per_parameter_bytes(params: float, grads: float, state: float, world_size: int) -> Dict[str, float]:
+    """Bytes per parameter on each device under each strategy, from the bytes per parameter of
+    parameters, gradients and optimizer state (as DDP holds them): what each strategy divides by N."""
+    n = world_size
+    return {"DDP": params + grads + state, "ZeRO-1": params + grads + state / n,
+            "ZeRO-2": params + (grads + state) / n, "FSDP (ZeRO-3)": (params + grads + state) / n}
+
+
+def calculator(model_params: Sequence[float], devices: int, memory_gb: float,
+               per_param: Dict[str, float]) -> List[dict]:
+    """Which strategies fit a model of Ψ parameters on ``devices`` devices of ``memory_gb`` GB each.
+
+    A projection, not a measurement: it multiplies bytes per parameter (``per_param``:
+    parameters, gradients, state, e.g. measured by ``bytes_per_parameter``) by Ψ and
+    divides what each strategy shards by N. Activations, temporary buffers (DDP's
+    buckets, FSDP's one unsharded layer), the framework and fragmentation are left out.
+    """
+    rows = []
+    for psi in model_params:
+        per_device = per_parameter_bytes(per_param["param_bytes"], per_param["grad_bytes"],
+                                         per_param["state_bytes"], devices)
+        for strategy, b in per_device.items():
+            gb = psi * b / 1e9
+            rows.append({"params": psi, "strategy": strategy, "bytes_per_param": b, "gb_per_device": gb,
+                         "fits": gb <= memory_gb})
+    return rows
+
+
+def format_calculator(rows: List[dict], devices: int, memory_gb: float, title: str = "") -> str:
+    lines = [title] if title else []
+    lines.append(f"{'model':>8}  {'strategy':<15}{'bytes/param':>12}{f'GB per device (of {memory_gb:g})':>28}"
+                 f"  fits on {devices}?")
+    for r in rows:
+        lines.append(f"{_human(r['params']):>8}  {r['strategy']:<15}{r['bytes_per_param']:>12.2f}"
+                     f"{r['gb_per_device']:>28.1f}  {'yes' if r['fits'] else 'no'}")
+    return "\n".join(lines)
+
+
+def _human(n: float) -> str:
+    return f"{n / 1e9:g}B" if n >= 1e9 else f"{n / 1e6:g}M"
+
+
+def ring_ratio(world_size: int) -> float:
+    """The papers' FSDP/DDP traffic ratio: (2 all-gathers + 1 reduce-scatter) / 1 all-reduce, in ring bytes."""
+    return 3 * bus_factor("all_gather_single", world_size) / bus_factor("all_reduce", world_size)
+
+
+def report(run: Run) -> str:
+    """The lab's tables as text (``python -m ddp_tutorial.bench --sharding`` prints it)."""
+    memory = memory_table(run)
+    sections = [format_memory(memory), format_comm(comm_per_step(run))]
+    if _records(run, "compress")[0]:
+        sections.append(format_compress(compress_summary(run)))
+    per_param = bytes_per_parameter(memory)
+    sections.append(format_calculator(calculator([1e9, 7e9], 8, 80, per_param), 8, 80,
+                                      "projection (activations left out), float32 Adam as measured:"))
+    return "\n\n".join(sections)
+
+
+__all__ = ["run_lab", "memory_table", "format_memory", "comm_per_step", "format_comm", "zero_summary",
+           "fsdp_summary", "compress_summary", "calculator", "format_calculator", "show", "report"]

@@ -1,0 +1,127 @@
+"""What the sharding scripts share (rank side): the models, bytes held, and a log of collectives.
+
+Every byte count here comes from tensors that exist in this rank: a sharded
+parameter (an FSDP2 ``DTensor``) counts its local shard only, and an optimizer
+counts the state it holds itself (ZeRO's local optimizer holds only its partition).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from typing import Dict, Iterable, List
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+#: The collectives the log records, and which of their tensors is the full-size one.
+#: all_gather_single's output and reduce_scatter_single's input hold the whole tensor;
+#: all_reduce and broadcast work on one tensor, the same size on every rank.
+FULL_TENSOR = {"all_reduce": "tensor", "broadcast": "tensor", "all_gather_single": "output_tensor",
+               "reduce_scatter_single": "input", "all_gather_into_tensor": "output_tensor",
+               "reduce_scatter_tensor": "input"}
+_POSITION = {"all_reduce": 0, "broadcast": 0, "all_gather_single": 0, "reduce_scatter_single": 1,
+             "all_gather_into_tensor": 0, "reduce_scatter_tensor": 1}
+
+
+def mlp(d_in: int, hidden: int, d_out: int, seed: int) -> nn.Sequential:
+    """A two-layer MLP with weights from ``seed``: every rank builds the same one."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, d_out))
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The part of ``t`` this rank holds: a DTensor's local shard, else ``t`` itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def nbytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes this rank holds for ``tensors`` (shards only, for sharded ones)."""
+    return sum(local(t).numel() * local(t).element_size() for t in tensors)
+
+
+def numel(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(local(t).numel() for t in tensors)
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer that holds this rank's state: ZeRO's local one, else ``optimizer`` itself."""
+    return getattr(optimizer, "optim", optimizer)
+
+
+def state_tensors(optimizer: torch.optim.Optimizer) -> List[torch.Tensor]:
+    """Every state tensor this rank's optimizer holds (Adam: exp_avg, exp_avg_sq, step per parameter)."""
+    return [v for state in optimizer_state(optimizer).state.values() for v in state.values()
+            if isinstance(v, torch.Tensor)]
+
+
+def held(model: nn.Module, optimizer: torch.optim.Optimizer) -> Dict[str, int]:
+    """Bytes and elements of parameters, gradients and optimizer state this rank holds now."""
+    params = list(model.parameters())
+    grads = [p.grad for p in params if p.grad is not None]
+    states = state_tensors(optimizer)
+    return {"param_bytes": nbytes(params), "grad_bytes": nbytes(grads), "state_bytes": nbytes(states),
+            "param_elements": numel(params), "grad_elements": numel(grads), "state_elements": numel(states),
+            "state_tensors": len(states), "param_tensors": len(params)}
+
+
+def full_parameters(model: nn.Module) -> List[torch.Tensor]:
+    """The whole parameters, gathered if sharded (a collective for FSDP2: call it on every rank)."""
+    return [p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in model.parameters()]
+
+
+def digest(tensors: Iterable[torch.Tensor]) -> str:
+    """SHA-256 of the tensors' bytes: equal digests mean bit-identical tensors."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def max_diff(a: Iterable[torch.Tensor], b: Iterable[torch.Tensor]) -> float:
+    """Largest absolute difference between matching tensors, computed in float64."""
+    return max(float((x.detach().double() - y.detach().double()).abs().max()) for x, y in zip(a, b))
+
+
+class CollectiveLog:
+    """Records every collective of ``FULL_TENSOR`` this process calls through ``torch.distributed``.
+
+    DDP's comm hooks, ZeroRedundancyOptimizer and FSDP2 all call these as
+    ``dist.<name>(...)``, looked up when called, so replacing the module's
+    attributes sees them. (DDP without a comm hook all-reduces in C++: give it
+    ``default_hooks.allreduce_hook``, which its docstring says changes nothing.)
+    Each record: op, dtype, the full tensor's elements and bytes.
+    """
+
+    def __init__(self):
+        self.calls: List[dict] = []
+        self._saved = {}
+
+    def _wrap(self, name, fn):
+        key, pos = FULL_TENSOR[name], _POSITION[name]
+
+        def recorded(*args, **kwargs):
+            t = kwargs[key] if key in kwargs else args[pos]
+            self.calls.append({"op": name, "dtype": str(t.dtype).replace("torch.", ""),
+                               "elements": t.numel(), "bytes": t.numel() * t.element_size()})
+            return fn(*args, **kwargs)
+        return recorded
+
+    @contextlib.contextmanager
+    def recording(self):
+        """Record while inside the ``with`` block; the originals are back after it."""
+        for name in FULL_TENSOR:
+            self._saved[name] = getattr(dist, name)
+            setattr(dist, name, self._wrap(name, self._saved[name]))
+        try:
+            yield self
+        finally:
+            for name, fn in self._saved.items():
+                setattr(dist, name, fn)
+            self._saved.clear()
+
+    def take(self) -> List[dict]:
+        """The calls recorded since the last ``take``."""
+        calls, self.calls = self.calls, []
+        return calls

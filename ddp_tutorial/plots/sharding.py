@@ -1,0 +1,93 @@
+"""Figures of lesson 10: bytes held per rank, bytes sent per step, loss with compressed gradients."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import matplotlib.pyplot as plt
+
+from ddp_tutorial.plots.training import _axes
+
+_KIND_COLORS = {"param_bytes": "#4c72b0", "grad_bytes": "#dd8452", "state_bytes": "#55a868"}
+_KIND_NAMES = {"param_bytes": "parameters", "grad_bytes": "gradients", "state_bytes": "Adam state"}
+_OP_COLORS = {"all_reduce": "#dd4444", "broadcast": "#8172b3", "all_gather_single": "#4c72b0",
+              "reduce_scatter_single": "#55a868"}
+
+
+def _stacked_bar(ax: plt.Axes, x: float, parts: dict, labelled: set) -> None:
+    """One bar at ``x`` of ``parts`` (label -> (height, colour)), each label in the legend once."""
+    bottom = 0
+    for label, (height, color) in parts.items():
+        ax.bar(x, height, bottom=bottom, color=color, label=None if label in labelled else label)
+        labelled.add(label)
+        bottom += height
+
+
+def plot_memory_per_rank(table: dict, model: str = "wide", ax: Optional[plt.Axes] = None,
+                         title: Optional[str] = None) -> plt.Axes:
+    """Stacked bars: the bytes of parameters, gradients and Adam state each rank holds, per strategy.
+
+    Args:
+        table: ``lessons.sharding.memory_table(run)``.
+        model: which model's rows ("kit" or "wide").
+        ax: axes to draw on (new figure if None).
+        title: the title.
+    """
+    ax = _axes(ax, figsize=(8, 3.5))
+    labels, x, labelled = [], 0, set()
+    for strategy, ranks in table[model].items():
+        for rank, rec in sorted(ranks.items()):
+            _stacked_bar(ax, x, {_KIND_NAMES[k]: (rec[k] / 1024, c) for k, c in _KIND_COLORS.items()}, labelled)
+            labels.append(f"{strategy}\nrank {rank}")
+            x += 1
+        x += 0.5  # a gap between strategies
+    ticks = [i + 0.5 * (i // len(next(iter(table[model].values())))) for i in range(len(labels))]
+    ax.set_xticks(ticks, labels, fontsize="small")
+    ax.set_ylabel("KiB held by the rank")
+    ax.set_xlabel("strategy and rank")
+    ax.set_title(title or f"What each rank holds after one step ({model} model, Adam, float32)")
+    ax.legend(fontsize="small")
+    ax.figure.tight_layout()
+    return ax
+
+
+def plot_comm_per_step(comm: dict, ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
+    """Stacked bars: per strategy, the bytes each rank sends in one step (ring algorithms), by collective.
+
+    Args:
+        comm: ``lessons.sharding.comm_per_step(run)``.
+        ax: axes to draw on (new figure if None).
+        title: the title.
+    """
+    ax = _axes(ax, figsize=(7, 3.2))
+    labelled = set()
+    for i, ops in enumerate(comm.values()):
+        _stacked_bar(ax, i, {op: (row["bus_bytes"] / 1024, _OP_COLORS.get(op, "grey")) for op, row in ops.items()},
+                     labelled)
+    ax.set_xticks(range(len(comm)), list(comm), fontsize="small")
+    ax.set_xlabel("strategy")
+    ax.set_ylabel("KiB sent per rank per step")
+    ax.set_title(title or "Bytes each rank sends per training step (ring algorithms)")
+    ax.legend(fontsize="small")
+    ax.figure.tight_layout()
+    return ax
+
+
+def plot_compressed_loss(summary: dict, ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
+    """The loss on the whole dataset after each step, one line per DDP comm hook.
+
+    Args:
+        summary: ``lessons.sharding.compress_summary(run)``.
+        ax: axes to draw on (new figure if None).
+        title: the title.
+    """
+    ax = _axes(ax, figsize=(8, 3.2))
+    styles = ["-", "--", ":", "-."]
+    for i, (name, hook) in enumerate(summary["hooks"].items()):
+        ax.plot(range(1, len(hook["losses"]) + 1), hook["losses"], ls=styles[i % len(styles)], lw=1.6, label=name)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss on the whole dataset (MSE)")
+    ax.set_title(title or "Compressed gradients: the loss curves lie on top of each other")
+    ax.legend(fontsize="small")
+    ax.figure.tight_layout()
+    return ax
