@@ -106,7 +106,7 @@ def path_resolves(path: str) -> bool:
 
 
 def bad_paths(text: str) -> list:
-    text = URL.sub("", text)
+    text = re.sub(r"\]\([^)\s]+\)", "]", URL.sub("", text))  # link targets: bad_links checks them
     found = [m.group(1) for m in FILE.finditer(text)] + [m.group(1) for m in FOLDER.finditer(text)]
     return sorted({p for p in found if not path_resolves(p)})
 
