@@ -362,3 +362,20 @@ def test_the_checks_catch_the_old_mistakes(text, check):
 ])
 def test_the_checks_accept_what_is_right(text, check):
     assert check(text) == []
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    readme = (ROOT / "README.md").read_text()
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        assert f"](docs/{page.name}" in readme, f"README does not link docs/{page.name}"
+
+
+def test_the_hang_checklist_is_one_place_linked_from_the_notebooks_that_hang():
+    glossary = (ROOT / "notebooks" / "GLOSSARY.md").read_text()
+    assert "my-job-hangs-a-checklist" in anchors(glossary)
+    linked = {label[:2] for label, _, text, _ in DOCUMENTS
+              if label.endswith(".ipynb") and "GLOSSARY.md#my-job-hangs-a-checklist" in text}
+    assert {"01", "05", "08", "09"} <= linked, linked
+    for cause in ("wrong world size", "a collective one rank skips", "uneven inputs", "a dead peer",
+                  "mismatched shapes"):
+        assert f"| {cause}" in glossary, cause
