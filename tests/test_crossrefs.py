@@ -332,7 +332,7 @@ def test_every_table_row_has_as_many_cells_as_its_header(label, folder, text, al
 def test_the_prose_is_all_read():
     labels = set(IDS)
     assert {p.name for p in NOTEBOOKS} <= labels and {"README.md", "notebooks/GLOSSARY.md"} <= labels
-    assert len(NOTEBOOKS) == 10
+    assert len(NOTEBOOKS) >= 10
 
 
 # The checks find the mistakes that were once in the prose (each line is one of them).
