@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import difflib
 import os
 import re
 import socket
@@ -91,6 +92,43 @@ def script_source(path: str, name: str) -> str:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
             return ast.get_source_segment(text, node)
     raise ValueError(f"no function {name!r} in {path}")
+
+
+ORIGINAL_SCRIPT = os.path.join(os.path.dirname(BOOTSTRAP), "original.py")
+# typing's List[int] in one file and list[int] in the other mean the same: not a change to show
+_TYPING = re.compile(r"\b(List|Dict|Tuple|Set)\[")
+
+
+def mistake_diff(name: str) -> str:
+    """The original's version of a function against train.py's fix, as a unified diff (``-`` original, ``+`` fix).
+
+    Both files are read, not imported; docstrings are left out, and typing's spellings are made
+    the same on both sides (``List[bool]`` and ``list[bool]``), so only the changes that matter show.
+
+    Args:
+        name: a ``--bug`` name ("forward-outside-no-sync") or the function it replaces ("micro_step").
+    """
+    replaced = {m.name: m.function for m in config.MISTAKES if m.function}
+    function = replaced.get(name, name)
+    if function not in replaced.values():
+        raise ValueError(f"no original version of {name!r}: give a --bug name {sorted(replaced)} "
+                         f"or a function {sorted(replaced.values())}")
+    sides = [_code_lines(path, function) for path in (ORIGINAL_SCRIPT, config.TRAIN_SCRIPT)]
+    return "".join(difflib.unified_diff(*sides, f"original.{function}", f"train.{function}"))
+
+
+def _code_lines(path: str, function: str) -> List[str]:
+    """Function ``function`` of the file ``path``: its whole lines (a last line's comment too),
+    without the docstring, typing spelled one way."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    node = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == function)
+    first = node.body[0]
+    is_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+    drop = range(first.lineno - 1, first.end_lineno) if is_doc else range(0)
+    lines = text.splitlines()
+    return [_TYPING.sub(lambda m: m.group(1).lower() + "[", lines[i]) + "\n"
+            for i in range(node.lineno - 1, node.end_lineno) if i not in drop]
 
 
 # -- What a launch leaves behind (notebooks 01 and 05) ----------------------------

@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ddp_tutorial import TRAIN_SCRIPT
 from ddp_tutorial.launcher import launch, scripts_path
+from ddp_tutorial.lessons import mistake_diff  # noqa: F401  (notebooks 03-04 show the original's diffs)
 from ddp_tutorial.runfolder import Run
 
 SAMPLER_SCRIPT = scripts_path("sampler_demo.py")
@@ -219,6 +220,49 @@ def params_match(state_a, state_b, atol: float = 1e-5) -> bool:
 def max_param_difference(state_a, state_b) -> float:
     """Largest absolute difference between matching tensors of two state_dicts."""
     return max(float((state_a[k] - state_b[k]).abs().max()) for k in state_a)
+
+
+def default_lr() -> float:
+    """train.py's learning rate when ``--lr`` is not given."""
+    from ddp_tutorial import config
+
+    return config.build_parser().get_default("lr")
+
+
+def window_means(curve: Sequence[float], window: int = 16) -> List[float]:
+    """The loss curve as means over consecutive ``window`` micro-steps (the last window may be shorter)."""
+    return [sum(curve[i:i + window]) / len(curve[i:i + window]) for i in range(0, len(curve), window)]
+
+
+def loss_scaling_stability(lr: float = 0.4, accum_steps: int = 4, epochs: int = 4,
+                           world_size: int = 2) -> Dict[str, Dict[str, object]]:
+    """Train at ``lr`` twice, the loss divided by K and not: does each run stay finite and learn?
+
+    Not dividing by K multiplies every update by K: the run is the divided one at K times the
+    learning rate. A rate the divided run trains well at is then K times larger than intended.
+
+    Returns:
+        Per run (``"divided by K"``, ``"not divided"``): ``curve`` (mean loss per micro-step),
+        ``start`` and ``end`` (mean of the first and of the last 8 micro-steps), ``finite``
+        (no inf or nan anywhere), ``peak`` (the largest finite loss).
+    """
+    summary = {}
+    for label, bug in (("divided by K", ()), ("not divided", ("--bug", "loss-not-scaled"))):
+        run = train(world_size, train_args(accum_steps, "--lr", lr, *bug, epochs=epochs), echo="none")
+        curve = run.mean_loss_curve()
+        finite = [x for x in curve if math.isfinite(x)]
+        summary[label] = {"curve": curve, "start": sum(curve[:8]) / 8, "end": sum(curve[-8:]) / 8,
+                          "finite": len(finite) == len(curve), "peak": max(finite)}
+    return summary
+
+
+def print_loss_scaling_stability(summary: Dict[str, Dict[str, object]], lr: float, window: int = 16) -> None:
+    """Each run's loss, averaged over ``window`` micro-steps, then whether it stayed finite."""
+    for label, s in summary.items():
+        means = ", ".join(f"{x:.3g}" for x in window_means(s["curve"], window))
+        print(f"lr {lr:g}, loss {label:<13}: mean loss per {window} micro-steps: {means}")
+        print(f"{'':>32}start {s['start']:.3g}, end {s['end']:.3g}, largest {s['peak']:.3g}, "
+              f"{'finite throughout' if s['finite'] else 'became inf or nan: diverged'}")
 
 
 def sync_seconds_per_micro_step(run: Run, rank: Optional[int] = None) -> float:

@@ -85,6 +85,33 @@ def threads_totals(rows: List[dict]) -> Dict[str, int]:
             "with_default": len(rows) * default, "as_launched": sum(r["torch_threads"] for r in rows)}
 
 
+def init_split(sweep: Dict[int, List[dict]]) -> Dict[int, Dict[str, float]]:
+    """Per world size: the ranks' init time summed, and the share of it spent waiting for the last arrival.
+
+    Which share is larger is a fact of one run, not of ``init_process_group``: ranks
+    that reach the call at different moments (a busy machine, a cold start that imports
+    torch) wait; ranks that arrive together spend their time in setup.
+    """
+    split = {}
+    for world_size, rows in sweep.items():
+        wait, setup = sum(r["wait_s"] for r in rows), sum(r["setup_s"] for r in rows)
+        split[world_size] = {"wait_s": wait, "setup_s": setup,
+                             "wait_share": wait / (wait + setup) if wait + setup > 0 else 0.0,
+                             "arrival_spread_s": max(r["wait_s"] for r in rows)}
+    return split
+
+
+def format_init_split(split: Dict[int, Dict[str, float]]) -> str:
+    """One line per world size: waiting against setup, and which was larger in this run."""
+    lines = []
+    for world_size, s in split.items():
+        larger = "waiting" if s["wait_s"] > s["setup_s"] else "setup"
+        lines.append(f"world_size {world_size}: the ranks waited {s['wait_s'] * 1e3:6.1f} ms and set up "
+                     f"{s['setup_s'] * 1e3:6.1f} ms in all ({s['wait_share']:.0%} waiting; first to last "
+                     f"arrival {s['arrival_spread_s'] * 1e3:.1f} ms): {larger} was larger in this run")
+    return "\n".join(lines)
+
+
 def format_threads(rows: List[dict]) -> str:
     """Per rank of a ``threads_demo`` run: threads it runs; then torch's default and the totals."""
     totals = threads_totals(rows)
