@@ -38,6 +38,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence as SequenceABC
@@ -420,6 +421,59 @@ def _worker_env(rank: int, world_size: int, port: int, run_dir: Path, backend: s
 # Groups still running, so an exiting kernel can stop them (atexit below).
 _LIVE_GROUPS: "weakref.WeakSet[_WorkerGroup]" = weakref.WeakSet()
 
+#: Kills the ranks' process groups (and so what the ranks started) if this process dies.
+KEEPER_SCRIPT = str(PACKAGE_DIR / "group_keeper.py")
+_KEEPER: Optional[subprocess.Popen] = None
+_KEEPER_OWNER: Optional[int] = None
+_KEEPER_LOCK = threading.Lock()
+
+
+def keeper_pid() -> Optional[int]:
+    """The pid of this process's group keeper (``group_keeper.py``), if one runs."""
+    if _KEEPER is not None and _KEEPER_OWNER == os.getpid() and _KEEPER.poll() is None:
+        return _KEEPER.pid
+    return None
+
+
+def _tell_keeper(line: str) -> None:
+    """Send ``+pgid`` or ``-pgid`` to the group keeper, starting it (again) if need be.
+
+    Without a keeper (it cannot be started) launches work as before: the ranks still
+    die with this process, only what they started may outlive it.
+    """
+    global _KEEPER, _KEEPER_OWNER
+    with _KEEPER_LOCK:
+        for _ in range(2):
+            if keeper_pid() is None:  # none yet, it died, or we are a fork of its owner
+                lines = [f"+{p.pid}\n" for g in list(_LIVE_GROUPS) for p in g.procs
+                         if p.returncode is None and not getattr(p, "lost", False)]
+                try:
+                    _KEEPER = subprocess.Popen([sys.executable, "-I", "-S", KEEPER_SCRIPT],
+                                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                               stderr=subprocess.DEVNULL, start_new_session=True)
+                except OSError:
+                    _KEEPER = None
+                    return
+                _KEEPER_OWNER = os.getpid()
+                line = "".join(lines) + line if line not in lines else "".join(lines)
+            try:
+                _KEEPER.stdin.write(line.encode())
+                _KEEPER.stdin.flush()
+                return
+            except (OSError, ValueError):  # it died: start another, which gets every live group
+                _KEEPER = None
+
+
+@atexit.register
+def _release_keeper() -> None:
+    """At exit, after the groups were stopped: the keeper reads EOF, finds nothing left, exits."""
+    if keeper_pid() is not None:
+        try:
+            _KEEPER.stdin.close()
+            _KEEPER.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
 
 class _WorkerGroup:
     """The processes of one attempt, watched from the calling thread alone (no threads).
@@ -467,6 +521,7 @@ class _WorkerGroup:
                 if server is not None:
                     p = server.spawn(cmd, env, cwd, umask, store_fd if rank == 0 else None)
                     self.procs.append(p)
+                    _tell_keeper(f"+{p.pid}\n")
                     self._watch(rank, p)
                     continue
                 # start_new_session: the rank gets its own process group, so a kill
@@ -478,6 +533,7 @@ class _WorkerGroup:
                 except OSError as exc:
                     raise LaunchError(f"could not start rank {rank}: {exc}") from exc
                 self.procs.append(p)
+                _tell_keeper(f"+{p.pid}\n")
                 self._watch(rank, p)
         except BaseException:
             self.stop(grace=0.0)
@@ -554,6 +610,7 @@ class _WorkerGroup:
             if not getattr(p, "lost", False):  # a lost warm rank's pid may be another's by now
                 _killpg(p, signal.SIGKILL)  # leftovers, e.g. a DataLoader worker
                 _wait_for_members(p.pid, time.monotonic() + KILL_WAIT_S)
+                _tell_keeper(f"-{p.pid}\n")  # before the reap: until then the group id is ours
             p.wait()  # it has exited: returns at once
             self.exit_codes[rank] = p.returncode
         if all(p.returncode is not None for p in self.procs):

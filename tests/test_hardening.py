@@ -46,12 +46,13 @@ TINY = ["--dataset-size", "64", "--batch-size", "4", "--epochs", "1"]
 
 def child_processes() -> list:
     """Pids of live (not zombie) processes started by this test process: its children, and
-    the children of its fork server (warm ranks); the idle fork server itself is not counted."""
-    server = warmstart.server_pid()
+    the children of its fork server (warm ranks); the idle fork server and the group keeper
+    (``launcher.keeper_pid``) are not counted."""
+    server, keeper = warmstart.server_pid(), launcher.keeper_pid()
     parents = {str(os.getpid()).encode()} | ({str(server).encode()} if server else set())
     found = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == server:
+        if not entry.isdigit() or int(entry) in (server, keeper):
             continue
         try:
             with open(f"/proc/{entry}/stat", "rb") as f:

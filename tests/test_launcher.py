@@ -185,11 +185,12 @@ def test_sigint_to_the_kernel_process_stops_workers(runs_root):
 def test_killed_kernel_leaves_no_orphans(runs_root):
     run_dir = runs_root / "killed"
     proc = start_launcher_process(run_dir)
+    wait_for(lambda: len(processes_of_run(run_dir)) == 4, 10, "2 ranks and 2 grandchildren")
     proc.kill()  # SIGKILL: no Python cleanup runs in the launcher
     proc.wait()
-    # The ranks die with their parent (PDEATHSIG); their grandchildren are in the
-    # ranks' process groups but not tied to the launcher, so look at ranks only.
-    wait_for(lambda: not [p for p in processes_of_run(run_dir) if _is_rank(p)], 5, "ranks to die")
+    # The ranks die with their parent (PDEATHSIG); what they started, with their process
+    # groups, which the group keeper kills when the launcher's end of its pipe closes.
+    wait_for(lambda: not processes_of_run(run_dir), 5, "ranks and their children to die")
 
 
 def _is_rank(pid: int) -> bool:

@@ -188,6 +188,7 @@ def test_the_server_and_its_ranks_die_with_a_killed_launcher(runs_root):
             return ranks if len(ranks) == 2 else None
 
         ranks = wait_for(two_ranks, 60, "2 ranks")
+        wait_for(lambda: len(processes_of_run(run_dir)) == 4, 10, "2 ranks and 2 grandchildren")
         servers = {parent_of(p) for p in ranks}
         assert len(servers) == 1  # both forked by one server, the launcher's child
         server = servers.pop()
@@ -197,6 +198,7 @@ def test_the_server_and_its_ranks_die_with_a_killed_launcher(runs_root):
         proc.wait()
     wait_for(lambda: not pid_alive(server), 5, "the fork server to die")
     wait_for(lambda: not any(pid_alive(p) for p in ranks), 5, "the ranks to die")
+    wait_for(lambda: not processes_of_run(run_dir), 5, "what the ranks started to die")
 
 
 def parent_of(pid: int) -> int:
