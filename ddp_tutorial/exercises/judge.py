@@ -188,7 +188,7 @@ def not_measured(name: str, attempt: Attempt, why: str = "") -> Criterion:
 NOT_MEASURED = "not measured: "
 
 
-def missing(name: str, attempt: Attempt, detail: str) -> Criterion:
+def absent(name: str, attempt: Attempt, detail: str) -> Criterion:
     """A criterion that failed for want of something the script never did.
 
     In a run that stopped early (a crash, a deadline) the script may simply not
@@ -323,7 +323,7 @@ def wrapped(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
     if any(finals[r]["ddp_attempts"] for r in unwrapped):
         return Criterion(WRAPPED, False, f"{ranks_text(unwrapped)}: DistributedDataParallel(...) raised "
                                          "(its error is above)")
-    return missing(WRAPPED, attempt, f"{ranks_text(unwrapped)} built no DistributedDataParallel: "
+    return absent(WRAPPED, attempt, f"{ranks_text(unwrapped)} built no DistributedDataParallel: "
                                      "model = DDP(model) before training")
 
 
@@ -340,7 +340,7 @@ def same_after_wrap(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
 def same_after_steps(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
     idle = [r for r, f in finals.items() if not f["optimizer_steps"]]
     if idle:
-        return missing(SAME_AFTER_STEPS, attempt, f"no optimizer step ran on {ranks_text(idle)}")
+        return absent(SAME_AFTER_STEPS, attempt, f"no optimizer step ran on {ranks_text(idle)}")
     if not attempt.finished and len({f["optimizer_steps"] for f in finals.values()}) > 1:
         return not_measured(SAME_AFTER_STEPS, attempt, "a rank stopped before the others (see the first criterion)")
     differ = first_step_that_differs(finals)
@@ -379,7 +379,7 @@ def shards(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
     if without:
         loaders = finals[without[0]]["loader_iterations"]
         used = f"its DataLoader used a {loaders[0]['sampler']}" if loaders else "it iterated no DataLoader"
-        return missing(SHARDS, attempt, (
+        return absent(SHARDS, attempt, (
             f"{ranks_text(without)} iterated no DistributedSampler ({used}): every rank reads the whole "
             "dataset. Pass sampler=DistributedSampler(dataset) to the DataLoader, without shuffle=True"))
     size = iterations[0][0]["dataset_size"]
@@ -401,7 +401,7 @@ def reshuffled(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
     if not its:
         return not_measured(RESHUFFLED, attempt, "no DistributedSampler was iterated")
     if len(its) < 2:
-        return missing(RESHUFFLED, attempt, f"the sampler was iterated {plural(len(its), 'time')}: "
+        return absent(RESHUFFLED, attempt, f"the sampler was iterated {plural(len(its), 'time')}: "
                                             f"train for {EPOCHS} epochs")
     repeats = [e for e in range(1, len(its)) if its[e]["indices"] == its[0]["indices"]]
     if not repeats:
@@ -425,7 +425,7 @@ def one_allreduce_per_step(attempt: Attempt, finals: Dict[int, dict]) -> Criteri
     """Bucket all-reduces (counted by the comm hook) == optimizer steps x buckets, on every rank."""
     for rank, f in sorted(finals.items()):
         if not f["ddp_wraps"]:
-            return missing(ONE_ALLREDUCE_PER_STEP, attempt, f"rank {rank} built no DDP model, so no gradient "
+            return absent(ONE_ALLREDUCE_PER_STEP, attempt, f"rank {rank} built no DDP model, so no gradient "
                                                             "was all-reduced: wrap the model in DDP")
         if not attempt.finished:
             return not_measured(ONE_ALLREDUCE_PER_STEP, attempt, "counts of a run that stopped early "
@@ -491,7 +491,7 @@ def k_micro_steps(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
     for rank, f in sorted(finals.items()):
         epochs, steps = epochs_of(f), f.get("forwards_at_step", [])
         if not f["ddp_forwards"] or not epochs:
-            return missing(K_MICRO_STEPS, attempt, f"rank {rank} made no forward through DDP in a DataLoader loop")
+            return absent(K_MICRO_STEPS, attempt, f"rank {rank} made no forward through DDP in a DataLoader loop")
         planned = [n for first, last in epochs for n in planned_steps(first, last)]
         if steps == planned:
             continue
@@ -629,7 +629,7 @@ def judge_teardown(normal: Attempt, failing: Optional[Attempt]) -> List[Criterio
 def only_rank0_saves(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
     saves = {r: f["saves"] for r, f in finals.items()}
     if not saves[0]:
-        return missing(ONLY_RANK0_SAVES, attempt, "rank 0 saved nothing: keep the original script's "
+        return absent(ONLY_RANK0_SAVES, attempt, "rank 0 saved nothing: keep the original script's "
                                                   "torch.save, on rank 0")
     others = [r for r, s in saves.items() if r != 0 and s]
     if others:
@@ -680,22 +680,22 @@ def checkpoint_problem(run: Attempt) -> Optional[str]:
     final = run.final(0) or {}
     checked = final.get("checkpoints") or []
     if not checked:
-        return f"under {run.mode}, rank 0 saved no checkpoint"
+        return "rank 0 saved no checkpoint"
     record = checked[-1]
     name = os.path.basename(record["path"])
     if record["prefixed_keys"]:
-        return (f"under {run.mode}, {name} does not load into task.make_model(): its keys start with "
+        return (f"{name} does not load into task.make_model(): its keys start with "
                 f"\"module.\" ({', '.join(record['prefixed_keys'])}, ...): that is the DDP wrapper's "
                 "state_dict(). Save the model inside it, model.state_dict() of the model you wrapped (or "
                 "ddp_model.module.state_dict()), so that a plain process can load it")
     if not record["loads"]:
-        return f"under {run.mode}, {name} does not load into task.make_model() with strict=True: {record['error']}"
+        return f"{name} does not load into task.make_model() with strict=True: {record['error']}"
     reference = (final.get("references") or {}).get("correct")
     if reference is None:
         return None  # no reference to compare with: the parameters are judged by the other criteria
     d = max_difference(record["params"], reference)
     if d > TOLERANCE:
-        return (f"under {run.mode}, {name} loads, but its parameters differ from one process's by up to "
+        return (f"{name} loads, but its parameters differ from one process's by up to "
                 f"{d:.3g}: save after training, the trained model's state_dict()")
     return None
 
@@ -705,9 +705,13 @@ def checkpoint_loads(launched: Attempt, torchrun: Attempt) -> Criterion:
     runs = [run for run in (launched, torchrun) if run.finished]
     if not runs:
         return not_measured(CHECKPOINT_LOADS, launched, "neither run finished (see the criteria above)")
-    problems = [p for run in runs if (p := checkpoint_problem(run))]
+    problems: Dict[str, List[str]] = {}  # the same problem under both: said once
+    for run in runs:
+        if (problem := checkpoint_problem(run)):
+            problems.setdefault(problem, []).append(run.mode)
     if problems:
-        return Criterion(CHECKPOINT_LOADS, False, "; ".join(problems))
+        return Criterion(CHECKPOINT_LOADS, False, "; ".join(f"under {' and under '.join(modes)}, {problem}"
+                                                            for problem, modes in problems.items()))
     if len(runs) < 2:
         missed = ({"launch", "torchrun"} - {run.mode for run in runs}).pop()
         return not_measured(CHECKPOINT_LOADS, launched, f"the {missed} run did not finish")
