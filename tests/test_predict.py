@@ -113,6 +113,6 @@ def test_a_learner_who_follows_each_question_is_read_once_and_judged():
         asked, answered, revealed = nb.cells[1 + 3 * k: 4 + 3 * k]
         shown = "".join(o.get("text", "") for o in asked.outputs)
         assert shown == text + "\n", f"{qid}: the question should show once:\n{asked.outputs}"
-        assert [o.output_type for o in revealed.outputs] == ["stream"], f"{qid}: {revealed.outputs}"
-        verdict = revealed.outputs[0].text
+        assert {o.output_type for o in revealed.outputs} == {"stream"}, f"{qid}: {revealed.outputs}"  # no echo
+        verdict = "".join(o.text for o in revealed.outputs)
         assert verdict.startswith("✓ you predicted") and "no prediction" not in verdict, f"{qid}: {verdict}"
