@@ -694,10 +694,13 @@ def checkpoint_problem(run: Attempt) -> Optional[str]:
     if reference is None:
         return None  # no reference to compare with: the parameters are judged by the other criteria
     d = max_difference(record["params"], reference)
-    if d > TOLERANCE:
-        return (f"{name} loads, but its parameters differ from one process's by up to "
-                f"{d:.3g}: save after training, the trained model's state_dict()")
-    return None
+    if d <= TOLERANCE:
+        return None
+    if max_difference(record["params"], final.get("final_params")) <= TOLERANCE:
+        return (f"{name} loads and holds rank 0's trained parameters, but they differ from one process's by "
+                f"up to {d:.3g}: the training is what differs (see the parameters' criterion)")
+    return (f"{name} loads, but holds other parameters than rank 0 trained (up to {d:.3g} from one "
+            "process's): save after training, the trained model's state_dict()")
 
 
 def checkpoint_loads(launched: Attempt, torchrun: Attempt) -> Criterion:
