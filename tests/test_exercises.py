@@ -308,3 +308,37 @@ def test_a_crashing_script_fails_naming_the_rank_and_the_error(tmp_path):
     assert "ZeroDivisionError" in detail
     assert judge.ALL_REDUCE_SUM in passed_names(result)  # measured before the crash
     assert_nothing_left(result, tmp_path)
+
+
+# -- The solutions follow the kit's own advice ---------------------------------
+def drops_before_destroy(source: str) -> bool:
+    """Where the script leaves the group, the statements before it drop the DDP model (``model = None``)."""
+    import ast
+
+    found = False
+    for node in ast.walk(ast.parse(source)):
+        for block in (getattr(node, "body", None), getattr(node, "finalbody", None)):
+            if not isinstance(block, list):
+                continue
+            for i, statement in enumerate(block):
+                line = ast.unparse(statement)
+                if isinstance(statement, ast.Expr) and ("destroy_process_group(" in line or line == "teardown()"):
+                    found = True
+                    if not any(ast.unparse(s).startswith(("model = ", "del model")) for s in block[:i]):
+                        return False
+    return found
+
+
+@pytest.mark.parametrize("name", ["wrap", "no_sync", "teardown", "capstone"])
+def test_a_solution_with_a_ddp_model_drops_it_before_destroy_process_group(name):
+    assert drops_before_destroy((exercises.SOLUTIONS_DIR / f"{name}.py").read_text()), name
+
+
+def test_train_main_drops_the_model_before_teardown():
+    import ast
+
+    import ddp_tutorial
+
+    tree = ast.parse((Path(ddp_tutorial.__file__).parent / "train.py").read_text())
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    assert drops_before_destroy(ast.unparse(main))
