@@ -204,14 +204,8 @@ def train_epoch(model, loader, optimizer, loss_fn, accum_steps: int, epoch: int 
 
 # -- Step 5 -------------------------------------------------------------------
 def teardown() -> None:
-    """Step 5: leave the process group (the default group is gone; a new init may follow).
-
-    destroy_process_group removes the group from torch's registries and calls the backend's
-    shutdown where it has one; gloo has none, so its sockets and threads close when the last
-    reference to the group goes, or at exit. Call it in finally, on every path: with gloo it
-    returns promptly even if a peer died; with nccl a collective stuck on a dead peer must be
-    aborted first (the watchdog, TORCH_NCCL_ASYNC_ERROR_HANDLING).
-    """
+    """Step 5: leave the process group: torch forgets it (a new init may follow) and calls the backend's
+    shutdown, where it has one; gloo has none: its sockets close with the group's last reference, or at exit."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
