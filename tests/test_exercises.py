@@ -287,6 +287,8 @@ def test_a_hanging_script_fails_within_the_deadline_and_leaves_no_process(tmp_pa
     assert time.monotonic() - t0 < 10 + 20  # the deadline, plus stopping the ranks and reading their reports
     detail = failed(result, "runs to the end")
     assert "did not finish within 10 s" in detail
+    assert ("Collective call #1 differs: rank 0 called all_reduce, rank 1 called barrier: every rank must make "
+            "the same collective calls in the same order") in detail
     assert_nothing_left(result, tmp_path)
 
 

@@ -9,7 +9,7 @@ in the notebook. Nothing here reads the learner's source: it only watches calls.
 
 Records (``event`` key): ``start``; ``init_called`` and ``init`` around
 ``init_process_group``; ``collective_enter`` and ``collective`` around each
-``all_reduce``, ``barrier`` and ``broadcast`` the script calls; ``destroy``
+collective the script calls (``all_reduce``, ``barrier``, ``broadcast``, ``all_gather``, ...); ``destroy``
 before ``destroy_process_group`` runs; and
 ``final`` after the script ended, with every count, the parameters, the
 sampler orders, the saves, the error if any, on rank 0 the one-process
@@ -95,7 +95,7 @@ class Observations:
         self.sampler_iterations = []
         self.loader_iterations = []
         self.saves = []
-        self.collectives = 0  # the script's own calls: all_reduce, barrier, broadcast
+        self.collectives = 0  # the script's own collective calls (all_reduce, barrier, broadcast, ...)
         self.ddp_attempts = 0  # DistributedDataParallel(...) calls, including ones that raised
         self.destroy_calls = 0
         self.init_world_size = None
@@ -277,7 +277,11 @@ class Observers:
         wrapped = {"init_process_group": observed_init, "destroy_process_group": observed_destroy,
                    "all_reduce": observed_collective("all_reduce", c10d.all_reduce, takes_tensor=True),
                    "barrier": observed_collective("barrier", c10d.barrier),
-                   "broadcast": observed_collective("broadcast", c10d.broadcast, takes_tensor=True)}
+                   "broadcast": observed_collective("broadcast", c10d.broadcast, takes_tensor=True),
+                   "reduce": observed_collective("reduce", c10d.reduce, takes_tensor=True),
+                   **{op: observed_collective(op, getattr(c10d, op)) for op in (
+                       "all_gather", "all_gather_object", "broadcast_object_list", "gather", "scatter",
+                       "reduce_scatter")}}
         for owner in (dist, c10d):
             for name, replacement in wrapped.items():
                 self.patch(owner, name, replacement)
