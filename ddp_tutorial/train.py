@@ -204,7 +204,8 @@ def train_epoch(model, loader, optimizer, loss_fn, accum_steps: int, epoch: int 
 
 # -- Step 5 -------------------------------------------------------------------
 def teardown() -> None:
-    """Step 5: leave the process group (the default group is gone; a new init may follow)."""
+    """Step 5: leave the process group: torch forgets it (a new init may follow) and calls the backend's
+    shutdown, where it has one; gloo has none: its sockets close with the group's last reference, or at exit."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -231,6 +232,7 @@ def main(argv=None) -> int:
                 train_epoch(model, loader, optimizer, loss_fn, args.accum_steps, epoch, hooks)  # step 4
             hooks.finish(model)
         finally:
+            model = None  # DDP holds the group; dropped after destroy it can deadlock gloo (torch 2.13, README)
             teardown()  # step 5, even when a step above raised
     return 0
 

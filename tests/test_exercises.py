@@ -18,6 +18,8 @@ from ddp_tutorial.exercises import judge
 from conftest import pid_alive
 
 MISTAKES = Path(__file__).resolve().parent / "exercise_mistakes"
+#: The learner's-folder override the test configuration set (read before a fixture removes it).
+PLUGIN_FOLDER = os.environ.get(exercises.MY_WORK_ENV)
 #: Seconds one run of a script may take: generous, ranks import torch in 2-6 s on a loaded machine.
 TIMEOUT = 90
 
@@ -27,6 +29,7 @@ def in_tmp_folder(tmp_path, monkeypatch):
     """Every test works in a fresh folder: ``start`` writes my_work/ there, the checks' runs go there."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DDP_TUTORIAL_RUNS", str(tmp_path / "runs"))
+    monkeypatch.delenv(exercises.MY_WORK_ENV, raising=False)  # here my_work/ is under tmp_path: a learner's default
     return tmp_path
 
 
@@ -106,6 +109,43 @@ def test_the_kernel_side_imports_no_torch():
     assert out.strip() == "False"
 
 
+def test_start_and_check_use_the_folder_the_tests_set_and_leave_my_work_alone(tmp_path, monkeypatch, capsys):
+    elsewhere = tmp_path / "scratch"
+    monkeypatch.setenv(exercises.MY_WORK_ENV, str(elsewhere))
+    path = exercises.start("init")
+    assert path == elsewhere / "init.py" and path.read_text() == (exercises.SKELETONS_DIR / "init.py").read_text()
+    assert f"wrote {path}" in capsys.readouterr().out
+    result = exercises.check("wrap")  # no path: looks where start writes
+    assert f"no file at {elsewhere / 'wrap.py'}" in result.message
+    assert not (tmp_path / "my_work").exists()
+
+
+def test_the_test_configuration_keeps_notebook_runs_out_of_the_learners_folder():
+    """pyproject's plugin set the folder for the whole run; a kernel in notebooks/ (as nbmake's) writes there."""
+    from nbclient import NotebookClient
+    import nbformat
+
+    import ddp_tutorial
+
+    assert PLUGIN_FOLDER and Path(PLUGIN_FOLDER).is_dir(), "pyproject's -p ddp_tutorial.exercises.pytest_plugin"
+    notebooks = Path(ddp_tutorial.__file__).resolve().parent.parent / "notebooks"
+    learners = notebooks / "my_work"
+    assert Path(PLUGIN_FOLDER).resolve() != learners.resolve()
+    before = sorted(learners.rglob("*")) if learners.exists() else None
+    start_cell = next(c.source for c in nbformat.read(notebooks / "05_teardown.ipynb", as_version=4).cells
+                      if c.cell_type == "code" and "exercises.start(" in c.source)  # the notebook's own exercise cell
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in (
+        "from ddp_tutorial import exercises", start_cell, "print(path.resolve())")])
+    env = {**os.environ, exercises.MY_WORK_ENV: PLUGIN_FOLDER}  # the environment pytest started with
+    NotebookClient(nb, timeout=60, kernel_name="python3", resources={"metadata": {"path": str(notebooks)}}).execute(env=env)
+    written = Path(nb.cells[2].outputs[0].text.strip())
+    try:
+        assert written.parent == Path(PLUGIN_FOLDER).resolve() and written.is_file()
+        assert (sorted(learners.rglob("*")) if learners.exists() else None) == before
+    finally:
+        written.unlink()
+
+
 def test_a_missing_script_says_to_start_first():
     result = exercises.check("wrap")
     assert not result.passed
@@ -153,6 +193,20 @@ WRONG_ANSWERS = [
     ("init", "init_world_size_one",
      {"joins one group": ["init_process_group(rank=0, world_size=1)", "Leave rank= and world_size= out"]},
      "meets at the launcher's"),
+    # Rank 1 skips the all_reduce and exits; rank 0's all_reduce then fails on the closed connection.
+    ("init", "init_one_rank_all_reduce",
+     {"runs to the end": ["rank 1 never called all_reduce (rank 0 did): every rank must make the same "
+                          "collective calls in the same order"],
+      "all_reduce of rank + 1": ["rank 1 never called all_reduce (rank 0 did)"]},
+     "joins one group"),
+    ("init", "init_assigns_all_reduce",
+     {"runs to the end": ["all_reduce works in place and returns None (or a Work with async_op=True)",
+                          "'NoneType' object has no attribute 'item'"]},
+     "all_reduce of rank + 1"),
+    ("init", "init_no_destroy",
+     {"destroy_process_group called on every rank": ["rank 0 never called destroy_process_group",
+                                                     "in finally, on every path"]},
+     "all_reduce of rank + 1"),
     ("wrap", "wrap_module_forward",
      {"parameters identical on every rank after every optimizer step": [
          "no forward went through the wrapper", "not ddp_model.module(x)"]},
@@ -168,12 +222,22 @@ WRONG_ANSWERS = [
      {"every rank builds the same dataset": ["different datasets", "per-rank random data"]},
      "a new order every epoch"),
     ("no_sync", "no_sync_forward_outside",
-     {"one gradient all-reduce": ["16 bucket all-reduces for 4 optimizer steps",
+     {"one gradient all-reduce": ["14 bucket all-reduces for 4 optimizer steps",
                                   "the forward ran outside no_sync()"]},
      "final parameters equal one process"),
     ("no_sync", "no_sync_loss_not_divided",
      {"final parameters equal one process": ["they match one process whose loss was not divided by K"]},
      "one gradient all-reduce"),
+    # 7 micro-batches per epoch on each rank: a window of 4, then the tail of 3.
+    ("no_sync", "no_sync_tail_left_in_grad",
+     {"an optimizer step after every K": ["the last 3 micro-batches of epoch 0", "stayed in .grad",
+                                          "joined epoch 1's first optimizer step", "the epoch's tail"],
+      "final parameters equal one process": ["they match a run that stepped only after every K-th",
+                                             "tail"]},
+     "one gradient all-reduce"),
+    ("no_sync", "no_sync_tail_divided_by_k",
+     {"final parameters equal one process": ["divided the last, shorter window's losses by K"]},
+     "an optimizer step after every K"),
     ("teardown", "teardown_no_finally",
      {"a rank that raises mid-training": ["rank 1 raised InjectedFailure", "No finally"]},
      "destroy_process_group called on every rank"),
@@ -184,6 +248,16 @@ WRONG_ANSWERS = [
     ("capstone", "capstone_every_rank_saves",
      {"only rank 0 writes the checkpoint": ["rank 1 also called torch.save", "rank == 0"]},
      "runs under torchrun"),
+    ("capstone", "capstone_saves_ddp_state_dict",
+     {"the checkpoint (under launch and under torchrun) loads strictly": [
+         "under launch and under torchrun, capstone_model.pt does not load into task.make_model()",
+         'its keys start with "module."', "module.0.weight"]},
+     "final parameters equal one process"),
+    ("capstone", "capstone_tail_left_in_grad",
+     {"an optimizer step after every K": ["the last 3 micro-batches of epoch 0", "stayed in .grad"],
+      "final parameters equal one process": ["they match a run that stepped only after every K-th"],
+      "runs under torchrun": ["stepped only after every K-th"]},
+     "one gradient all-reduce"),
     # The judge recomputes one process's result with and without set_epoch, and names the one that matches.
     ("capstone", "capstone_no_set_epoch",
      {"a new order every epoch": ["repeated epoch 0's order", "set_epoch"],
@@ -214,6 +288,19 @@ def test_a_hanging_script_fails_within_the_deadline_and_leaves_no_process(tmp_pa
     assert time.monotonic() - t0 < 10 + 20  # the deadline, plus stopping the ranks and reading their reports
     detail = failed(result, "runs to the end")
     assert "did not finish within 10 s" in detail
+    assert ("Collective call #1 differs: rank 0 called all_reduce, rank 1 called barrier: every rank must make "
+            "the same collective calls in the same order") in detail
+    assert_nothing_left(result, tmp_path)
+
+
+def test_after_a_crash_what_could_not_be_measured_is_not_measured_not_a_false_cross(tmp_path):
+    result = exercises.check("sampler", MISTAKES / "sampler_crash.py", timeout=TIMEOUT)
+    detail = failed(result, "runs to the end")
+    assert "TypeError" in detail and "shufle" in detail
+    shards = failed(result, "a DistributedSampler gives")
+    assert shards.startswith("not measured:") and "whole dataset" not in shards
+    assert "  · a DistributedSampler gives" in result.message and "✗ a DistributedSampler" not in result.message
+    assert result.message.count("✗") == 1 and "not measured. A hint" in result.message
     assert_nothing_left(result, tmp_path)
 
 
@@ -224,3 +311,37 @@ def test_a_crashing_script_fails_naming_the_rank_and_the_error(tmp_path):
     assert "ZeroDivisionError" in detail
     assert judge.ALL_REDUCE_SUM in passed_names(result)  # measured before the crash
     assert_nothing_left(result, tmp_path)
+
+
+# -- The solutions follow the kit's own advice ---------------------------------
+def drops_before_destroy(source: str) -> bool:
+    """Where the script leaves the group, the statements before it drop the DDP model (``model = None``)."""
+    import ast
+
+    found = False
+    for node in ast.walk(ast.parse(source)):
+        for block in (getattr(node, "body", None), getattr(node, "finalbody", None)):
+            if not isinstance(block, list):
+                continue
+            for i, statement in enumerate(block):
+                line = ast.unparse(statement)
+                if isinstance(statement, ast.Expr) and ("destroy_process_group(" in line or line == "teardown()"):
+                    found = True
+                    if not any(ast.unparse(s).startswith(("model = ", "del model")) for s in block[:i]):
+                        return False
+    return found
+
+
+@pytest.mark.parametrize("name", ["wrap", "no_sync", "teardown", "capstone"])
+def test_a_solution_with_a_ddp_model_drops_it_before_destroy_process_group(name):
+    assert drops_before_destroy((exercises.SOLUTIONS_DIR / f"{name}.py").read_text()), name
+
+
+def test_train_main_drops_the_model_before_teardown():
+    import ast
+
+    import ddp_tutorial
+
+    tree = ast.parse((Path(ddp_tutorial.__file__).parent / "train.py").read_text())
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    assert drops_before_destroy(ast.unparse(main))

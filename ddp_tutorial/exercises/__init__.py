@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import List, Tuple
 
 from ddp_tutorial.exercises import judge, runs, settings, shard
-from ddp_tutorial.exercises.predict import ask, reveal
+from ddp_tutorial.exercises.predict import Printed, ask, reveal
 
 NAMES = ("init", "wrap", "sampler", "no_sync", "teardown", "capstone", "shard")
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -38,6 +38,9 @@ SKELETONS_DIR = PACKAGE_DIR / "skeletons"
 #: The reference solutions: ``check("no_sync", SOLUTIONS_DIR / "no_sync.py")`` passes.
 SOLUTIONS_DIR = PACKAGE_DIR / "solutions"
 DEFAULT_FOLDER = "my_work"
+#: Environment variable: another folder for the learner's scripts. The kit's test configuration sets it
+#: (``ddp_tutorial.exercises.pytest_plugin``), so tests and nbmake runs never write into notebooks/my_work/.
+MY_WORK_ENV = "DDP_TUTORIAL_MY_WORK"
 #: Seconds one run of a learner's script may take before the check calls it a hang.
 DEFAULT_TIMEOUT_S = 90.0
 #: Ranks every check starts (torchrun's too, in the capstone).
@@ -59,20 +62,25 @@ HINTS = {
         "shuffle comes from seed + epoch, so call sampler.set_epoch(epoch) at the top of every epoch."),
     "no_sync": (
         "For a micro-batch that does not end its window: `with model.no_sync():` around BOTH lines, "
-        "loss = task.loss_fn(model(x), y) / K and loss.backward(). DDP decides in forward whether "
+        "loss = task.loss_fn(model(x), y) / window and loss.backward(). DDP decides in forward whether "
         "the next backward all-reduces, so a forward outside no_sync() syncs anyway. The last "
-        "micro-batch runs the same two lines outside no_sync(): its backward all-reduces the window's "
-        "sum once. contextlib.nullcontext() lets one `with` serve both cases."),
+        "micro-batch of a window runs the same two lines outside no_sync(): its backward all-reduces the "
+        "window's sum once. contextlib.nullcontext() lets one `with` serve both cases. Divide by `window`, "
+        "not K: the epoch's last window (its tail) is shorter, and its losses are divided by its own size."),
     "teardown": (
         "Right after init_process_group: try: (all the training) finally: dist.destroy_process_group(). "
-        "A finally runs when the block raises too, so a failing rank still closes its connections and "
-        "leaves the group before it exits."),
+        f"The rule: {judge.TEARDOWN_RULE[:1].lower()}{judge.TEARDOWN_RULE[1:]}. destroy removes the group from torch's registries and calls "
+        "the backend's shutdown where it has one; gloo has none, so its sockets and threads close when "
+        "the last reference to the group goes, or at exit. Drop the DDP model (model = None) before "
+        "destroy: it holds the group."),
     "capstone": (
         "Decide once: distributed = \"RANK\" in os.environ. Only then init_process_group, wrap in DDP, and "
         "try/finally around the rest with destroy_process_group. DistributedSampler(dataset, "
         "num_replicas=world_size, rank=rank) needs no process group with 1 and 0, so one code path "
         "serves both. Then set_epoch every epoch, no_sync() (forward included) on the micro-batches that "
-        "do not end a window, and torch.save only where rank == 0."),
+        "do not end a window (keep the script's schedule: the epoch's tail is a shorter window), and "
+        "torch.save(model.state_dict()) of the model inside DDP, only where rank == 0; drop the DDP "
+        "model (= None) before destroy_process_group()."),
     "shard": shard.HINT,
 }
 
@@ -108,43 +116,51 @@ def _known(name: str) -> str:
     return name
 
 
-def start(name: str, folder: str = DEFAULT_FOLDER) -> Path:
+def my_work() -> str:
+    """The folder ``start`` and ``check`` use by default: ``my_work`` (beside the notebook), or $DDP_TUTORIAL_MY_WORK."""
+    return os.environ.get(MY_WORK_ENV) or DEFAULT_FOLDER
+
+
+def start(name: str, folder=None) -> Path:
     """Write exercise ``name``'s skeleton to ``<folder>/<name>.py`` unless that file exists already.
 
     Args:
         name: one of ``NAMES``.
-        folder: where your scripts live, relative to the current folder (a notebook's is ``notebooks/``).
+        folder: where your scripts live, relative to the current folder (a notebook's is ``notebooks/``);
+            default ``my_work()``.
 
     Returns:
         The script's path. An existing file is never overwritten: it is your work.
     """
+    default = folder is None
+    folder = my_work() if default else folder
     path = Path(folder) / f"{_known(name)}.py"
     if PACKAGE_DIR.parent in path.resolve().parents:
         raise ValueError(f"{path} is inside the ddp_tutorial package: give a folder of your own")
     if path.exists():
         print(f"{path} exists already; keeping your work. Edit it, then run exercises.check({name!r}"
-              f"{'' if folder == DEFAULT_FOLDER else f', {str(path)!r}'}).")
+              f"{'' if default else f', {str(path)!r}'}).")
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text((SKELETONS_DIR / f"{name}.py").read_text())
     print(f"wrote {path}: fill in its TODOs, then run exercises.check({name!r}"
-          f"{'' if folder == DEFAULT_FOLDER else f', {str(path)!r}'}). "
+          f"{'' if default else f', {str(path)!r}'}). "
           f"Stuck? exercises.hint({name!r}).")
     return path
 
 
-def hint(name: str) -> str:
-    """Print and return a hint for exercise ``name``."""
+def hint(name: str) -> Printed:
+    """Print a hint for exercise ``name``; returns it (a notebook shows it once, printed)."""
     text = HINTS[_known(name)]
     print(textwrap.fill(text, 100))
-    return text
+    return Printed(text)
 
 
-def solution(name: str) -> str:
-    """Print and return the source of exercise ``name``'s reference solution."""
+def solution(name: str) -> Printed:
+    """Print the source of exercise ``name``'s reference solution; returns it (shown once, printed)."""
     source = (SOLUTIONS_DIR / f"{_known(name)}.py").read_text()
     print(source)
-    return source
+    return Printed(source)
 
 
 def check(name: str, path=None, timeout: float = DEFAULT_TIMEOUT_S, echo: str = "none") -> CheckResult:
@@ -152,7 +168,7 @@ def check(name: str, path=None, timeout: float = DEFAULT_TIMEOUT_S, echo: str = 
 
     Args:
         name: one of ``NAMES``.
-        path: the script; default ``my_work/<name>.py`` (where ``start(name)`` writes it).
+        path: the script; default ``<my_work()>/<name>.py`` (where ``start(name)`` writes it).
         timeout: seconds one run may take before it counts as a hang; the teardown
             check runs the script twice, the capstone three ways at once.
         echo: the ranks' own output under launch, as ``launch`` shows it: "none", "rank0" or "all".
@@ -166,7 +182,7 @@ def check(name: str, path=None, timeout: float = DEFAULT_TIMEOUT_S, echo: str = 
     """
     _known(name)
     t0 = time.monotonic()
-    script = Path(path) if path is not None else Path(DEFAULT_FOLDER) / f"{name}.py"
+    script = Path(path) if path is not None else Path(my_work()) / f"{name}.py"
     attempts: List[runs.Attempt] = []
     if not script.is_file():
         criteria = [judge.Criterion("the script exists", False,
@@ -228,6 +244,9 @@ def _result(name: str, script: Path, criteria: List[judge.Criterion], pids: List
         if criterion.passed:
             lines.append(f"  ✓ {criterion.name}: {criterion.detail}")
             continue
+        if criterion.detail.startswith(judge.NOT_MEASURED):  # no evidence either way: no ✗, no reason
+            lines.append(f"  · {criterion.name}: {criterion.detail}")
+            continue
         lines.append(f"  ✗ {criterion.name}")
         for line in criterion.detail.splitlines():
             if line[:1].isspace():  # quoted output (a traceback): as it was
@@ -236,9 +255,11 @@ def _result(name: str, script: Path, criteria: List[judge.Criterion], pids: List
                 lines.append(textwrap.fill(line, 110, initial_indent="      ", subsequent_indent="      ",
                                            break_long_words=False, break_on_hyphens=False))
     ok = sum(1 for c in criteria if c.passed)
+    unknown = sum(1 for c in criteria if not c.passed and c.detail.startswith(judge.NOT_MEASURED))
     passed = ok == len(criteria)
     lines.append(f"passed: all {len(criteria)} criteria." if passed else
-                 f"not yet: {ok} of {len(criteria)} criteria pass. A hint: exercises.hint({name!r})")
+                 f"not yet: {ok} of {len(criteria)} criteria pass"
+                 + (f", {unknown} not measured" if unknown else "") + f". A hint: exercises.hint({name!r})")
     return CheckResult(name, passed, "\n".join(lines), [tuple(c) for c in criteria], pids, seconds)
 
 

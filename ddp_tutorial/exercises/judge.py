@@ -29,7 +29,8 @@ SAME_DATASET = "every rank builds the same dataset"
 SHARDS = "a DistributedSampler gives each rank a disjoint shard, together the whole dataset"
 RESHUFFLED = "a new order every epoch (set_epoch)"
 ONE_ALLREDUCE_PER_STEP = "one gradient all-reduce per bucket per optimizer step"
-K_MICRO_STEPS = f"K = {ACCUM_STEPS} micro-batches per optimizer step"
+K_MICRO_STEPS = (f"an optimizer step after every K = {ACCUM_STEPS} micro-batches, and after each epoch's last "
+                 "(a shorter last window)")
 SAME_AS_ONE_PROCESS = (f"final parameters equal one process on the global batch ({ACCUM_STEPS} x world size "
                        f"x batch), within {TOLERANCE:g}")
 CLEAN_EXIT = "a clean exit (exit code 0) on every rank"
@@ -41,6 +42,9 @@ ONLY_RANK0_SAVES = "only rank 0 writes the checkpoint"
 CLEAN_TEARDOWN = "clean teardown: destroy_process_group on every rank, exit code 0, no process left"
 RUNS_PLAIN = "runs unchanged as one plain process (no RANK in the environment)"
 RUNS_TORCHRUN = "runs under torchrun --standalone --nproc-per-node 2"
+CHECKPOINT_LOADS = ("the checkpoint (under launch and under torchrun) loads strictly into task.make_model() "
+                    "and holds one process's parameters")
+SAME_CALLS = "every rank must make the same collective calls in the same order"
 
 
 class Criterion(NamedTuple):
@@ -91,18 +95,85 @@ def where_it_waits(attempt: Attempt, rank: int) -> Optional[str]:
     return None
 
 
+def collective_calls(attempt: Attempt, rank: int) -> List[str]:
+    """The collectives the script called on ``rank``, in order (entered, whether or not they returned)."""
+    return [r["op"] for r in attempt.events(rank, "collective_enter")]
+
+
+def ended_on_its_own(attempt: Attempt, rank: int) -> bool:
+    """The rank's script ran to its end without raising: what it never called, it never would have."""
+    final = attempt.final(rank)
+    return final is not None and not final.get("error")
+
+
+def first_collective_difference(attempt: Attempt) -> Optional[str]:
+    """Where the ranks' sequences of collective calls first differ, in words; None where they agree.
+
+    A rank that crashed, or was stopped, before a call is not said to have skipped it:
+    only a rank whose script ended on its own, or one waiting in another collective.
+    """
+    calls = {r: collective_calls(attempt, r) for r in attempt.ranks}
+    for i in range(max((len(c) for c in calls.values()), default=0)):
+        at = {r: c[i] if i < len(c) else None for r, c in calls.items()}
+        if len(set(at.values())) == 1:
+            continue
+        skipped = [r for r, op in at.items() if op is None]
+        if skipped and not all(ended_on_its_own(attempt, r) for r in skipped):
+            return None  # it stopped early: the crash (or the deadline) is the story
+        made = {r: op for r, op in at.items() if op is not None}
+        if skipped:
+            op = next(iter(made.values()))
+            callers = [r for r, o in made.items() if o == op]
+            never = [r for r in skipped if op not in calls[r]]
+            if never:
+                return f"{ranks_text(never)} never called {op} ({ranks_text(callers)} did): {SAME_CALLS}"
+            return (f"{ranks_text(skipped)} made {plural(i, 'collective call')}, {ranks_text(callers)} a "
+                    f"{ordinal(i + 1)}: {op}: {SAME_CALLS}")
+        return (f"collective call #{i + 1} differs: " + ", ".join(f"rank {r} called {op}" for r, op in made.items())
+                + f": {SAME_CALLS}")
+    return None
+
+
+def ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+#: Collectives that work in place: the result is in the tensor passed, the return value is None (a Work).
+IN_PLACE = ("all_reduce", "broadcast")
+
+
+def used_a_return_value(attempt: Attempt) -> Optional[str]:
+    """What to say when a rank failed using an in-place collective's return value (None, or a Work)."""
+    rank = attempt.failed_rank
+    error = (attempt.final(rank) or {}).get("error") if rank is not None else None
+    if not error or error["type"] not in ("AttributeError", "TypeError"):
+        return None
+    if "'NoneType'" not in error["message"] and "'Work'" not in error["message"]:
+        return None
+    done = [c["op"] for c in attempt.events(rank, "collective") if c["op"] in IN_PLACE]
+    if not done:
+        return None
+    op = done[-1]
+    return (f"rank {rank} used a value that is None (or a Work) after {op}: dist.{op} works in place and "
+            f"returns None (or a Work with async_op=True). The result is in the tensor you passed: "
+            f"call dist.{op}(value), then read value")
+
+
 def ran_to_end(attempt: Attempt, name: str = RAN_TO_END) -> Criterion:
     """Every rank exited 0; else who failed with what, or who was still running at the deadline."""
     if attempt.finished:
         return Criterion(name, True, f"{plural(attempt.world_size, 'rank')}, exit code 0, {attempt.seconds:.1f} s")
+    differ = first_collective_difference(attempt)
     if not attempt.timed_out:
-        return Criterion(name, False, attempt.failure)
+        why = differ or used_a_return_value(attempt)
+        return Criterion(name, False, f"{why}.\n{attempt.failure}" if why else attempt.failure)
     waits = {r: where_it_waits(attempt, r) for r in attempt.still_running}
     parts = [f"rank {r} was still running" + (f", {w}" if w else "") for r, w in waits.items()]
     done = [r for r in attempt.ranks if r not in attempt.still_running]
     if done:
         parts.append(f"{ranks_text(done)} had finished")
-    advice = ("Every rank must make the same collective calls in the same order, or a rank waits "
+    advice = (f"{differ[:1].upper()}{differ[1:]}, or a rank waits forever in a call its peers never make" if differ
+              else "Every rank must make the same collective calls in the same order, or a rank waits "
               "forever in a call its peers never make" if any(waits.values()) else
               "A script that waits for something that never comes (a peer, an endless loop) looks like this")
     return Criterion(name, False, f"{attempt.failure}: {'; '.join(parts)}. {advice}; all ranks were stopped")
@@ -110,7 +181,22 @@ def ran_to_end(attempt: Attempt, name: str = RAN_TO_END) -> Criterion:
 
 def not_measured(name: str, attempt: Attempt, why: str = "") -> Criterion:
     why = why or ("the run stopped early" if not attempt.finished else "nothing was recorded")
-    return Criterion(name, False, f"not measured: {why}")
+    return Criterion(name, False, f"{NOT_MEASURED}{why}")
+
+
+#: How a criterion's detail starts when the run gave no evidence either way (shown without a ✗).
+NOT_MEASURED = "not measured: "
+
+
+def absent(name: str, attempt: Attempt, detail: str) -> Criterion:
+    """A criterion that failed for want of something the script never did.
+
+    In a run that stopped early (a crash, a deadline) the script may simply not
+    have got there: then it is "not measured", never a ✗ with a reason that may be false.
+    """
+    if attempt.finished:
+        return Criterion(name, False, detail)
+    return not_measured(name, attempt, "the script stopped before it got there (see the first criterion)")
 
 
 # -- init --------------------------------------------------------------------
@@ -172,9 +258,18 @@ def all_reduce_sum(attempt: Attempt) -> Criterion:
     world = attempt.world_size
     expected = world * (world + 1) / 2
     problems = []
+    entered = {r: "all_reduce" in collective_calls(attempt, r) for r in attempt.ranks}
+    if any(entered.values()) and not all(entered.values()):
+        skipped = [r for r, e in entered.items() if not e]
+        callers = [r for r, e in entered.items() if e]
+        return Criterion(ALL_REDUCE_SUM, False, f"{ranks_text(skipped)} never called all_reduce "
+                                                f"({ranks_text(callers)} did): {SAME_CALLS}")
     for rank in attempt.ranks:
         done = [c for c in attempt.events(rank, "collective") if c["op"] == "all_reduce"]
         own = [d for d in done if d["input"] and set(d["input"]) == {rank + 1}]  # any shape, all rank + 1
+        if not done and not attempt.finished:
+            return not_measured(ALL_REDUCE_SUM, attempt, f"rank {rank} finished no all_reduce before the run "
+                                                         "stopped (see the first criterion)")
         if not done:
             problems.append(f"rank {rank} finished no all_reduce")
         elif not own:
@@ -187,7 +282,8 @@ def all_reduce_sum(attempt: Attempt) -> Criterion:
 
 
 def judge_init(attempt: Attempt) -> List[Criterion]:
-    return [ran_to_end(attempt), joined_one_group(attempt), meets_at_launcher(attempt), all_reduce_sum(attempt)]
+    return [ran_to_end(attempt), joined_one_group(attempt), meets_at_launcher(attempt), all_reduce_sum(attempt),
+            destroyed_everywhere(attempt)]
 
 
 # -- wrap --------------------------------------------------------------------
@@ -227,7 +323,7 @@ def wrapped(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
     if any(finals[r]["ddp_attempts"] for r in unwrapped):
         return Criterion(WRAPPED, False, f"{ranks_text(unwrapped)}: DistributedDataParallel(...) raised "
                                          "(its error is above)")
-    return Criterion(WRAPPED, False, f"{ranks_text(unwrapped)} built no DistributedDataParallel: "
+    return absent(WRAPPED, attempt, f"{ranks_text(unwrapped)} built no DistributedDataParallel: "
                                      "model = DDP(model) before training")
 
 
@@ -244,7 +340,9 @@ def same_after_wrap(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
 def same_after_steps(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
     idle = [r for r, f in finals.items() if not f["optimizer_steps"]]
     if idle:
-        return Criterion(SAME_AFTER_STEPS, False, f"no optimizer step ran on {ranks_text(idle)}")
+        return absent(SAME_AFTER_STEPS, attempt, f"no optimizer step ran on {ranks_text(idle)}")
+    if not attempt.finished and len({f["optimizer_steps"] for f in finals.values()}) > 1:
+        return not_measured(SAME_AFTER_STEPS, attempt, "a rank stopped before the others (see the first criterion)")
     differ = first_step_that_differs(finals)
     if differ:
         return Criterion(SAME_AFTER_STEPS, False, f"{differ}: {why_not_averaged(finals)}")
@@ -281,7 +379,7 @@ def shards(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
     if without:
         loaders = finals[without[0]]["loader_iterations"]
         used = f"its DataLoader used a {loaders[0]['sampler']}" if loaders else "it iterated no DataLoader"
-        return Criterion(SHARDS, False, (
+        return absent(SHARDS, attempt, (
             f"{ranks_text(without)} iterated no DistributedSampler ({used}): every rank reads the whole "
             "dataset. Pass sampler=DistributedSampler(dataset) to the DataLoader, without shuffle=True"))
     size = iterations[0][0]["dataset_size"]
@@ -303,7 +401,7 @@ def reshuffled(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
     if not its:
         return not_measured(RESHUFFLED, attempt, "no DistributedSampler was iterated")
     if len(its) < 2:
-        return Criterion(RESHUFFLED, False, f"the sampler was iterated {plural(len(its), 'time')}: "
+        return absent(RESHUFFLED, attempt, f"the sampler was iterated {plural(len(its), 'time')}: "
                                             f"train for {EPOCHS} epochs")
     repeats = [e for e in range(1, len(its)) if its[e]["indices"] == its[0]["indices"]]
     if not repeats:
@@ -327,8 +425,11 @@ def one_allreduce_per_step(attempt: Attempt, finals: Dict[int, dict]) -> Criteri
     """Bucket all-reduces (counted by the comm hook) == optimizer steps x buckets, on every rank."""
     for rank, f in sorted(finals.items()):
         if not f["ddp_wraps"]:
-            return Criterion(ONE_ALLREDUCE_PER_STEP, False, f"rank {rank} built no DDP model, so no gradient "
+            return absent(ONE_ALLREDUCE_PER_STEP, attempt, f"rank {rank} built no DDP model, so no gradient "
                                                             "was all-reduced: wrap the model in DDP")
+        if not attempt.finished:
+            return not_measured(ONE_ALLREDUCE_PER_STEP, attempt, "counts of a run that stopped early "
+                                                                 "(see the first criterion)")
         steps, micro, count = f["optimizer_steps"], f["ddp_forwards"], f["bucket_allreduces"]
         buckets = max(1, f["buckets"])
         if steps and count == steps * buckets:
@@ -356,20 +457,69 @@ def one_allreduce_per_step(attempt: Attempt, finals: Dict[int, dict]) -> Criteri
                                                    f"({plural(f['ddp_forwards'], 'micro-batch')}) on every rank")
 
 
+def epochs_of(final: dict) -> List[Tuple[int, int]]:
+    """(first, last) forward number through DDP of each epoch's micro-batches, from the DataLoader's iterations."""
+    starts = [it["forwards_before"] for it in final["loader_iterations"] if "forwards_before" in it]
+    ends = starts[1:] + [final["ddp_forwards"]]
+    return [(a + 1, b) for a, b in zip(starts, ends) if b > a]
+
+
+def planned_steps(first: int, last: int) -> List[int]:
+    """After which forwards a script steps in one epoch: every K-th, and the epoch's last (train.sync_schedule)."""
+    return [n for n in range(first, last + 1) if (n - first + 1) % ACCUM_STEPS == 0 or n == last]
+
+
+def where_the_tail_went(epochs: List[Tuple[int, int]], steps: List[int]) -> Optional[str]:
+    """The first epoch whose last micro-batches ended no window: what happened to their gradients."""
+    for e, (first, last) in enumerate(epochs):
+        tail = (last - first + 1) % ACCUM_STEPS
+        if not tail or last in steps:
+            continue
+        later = [n for n in steps if n > last]
+        fate = (f"joined epoch {e + 1}'s first optimizer step" if later and e + 1 < len(epochs)
+                and later[0] <= epochs[e + 1][1] else "were never applied")
+        return (f"the last {plural(tail, 'micro-batch')} of epoch {e} ({last - first + 1} = "
+                f"{(last - first + 1) // ACCUM_STEPS} x {ACCUM_STEPS} + {tail}) ended no window, so no optimizer "
+                f"step followed them: their gradients stayed in .grad and {fate} (the epoch's tail). Step after "
+                f"the epoch's last micro-batch too, a shorter last window of {tail}, and divide its losses by "
+                f"{tail}, its own size (train.sync_schedule and train.loss_divisors)")
+    return None
+
+
 def k_micro_steps(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+    """Each epoch's optimizer steps come after every K-th micro-batch and after its last, on every rank."""
     for rank, f in sorted(finals.items()):
-        if not f["ddp_forwards"] or f["optimizer_steps"] * ACCUM_STEPS != f["ddp_forwards"]:
-            return Criterion(K_MICRO_STEPS, False, (
-                f"rank {rank} made {plural(f['optimizer_steps'], 'optimizer step')} for "
-                f"{plural(f['ddp_forwards'], 'forward')} through DDP: step once every {ACCUM_STEPS} micro-batches"))
-    return Criterion(K_MICRO_STEPS, True, f"{finals[0]['optimizer_steps']} steps x {ACCUM_STEPS}")
+        epochs, steps = epochs_of(f), f.get("forwards_at_step", [])
+        if not f["ddp_forwards"] or not epochs:
+            return absent(K_MICRO_STEPS, attempt, f"rank {rank} made no forward through DDP in a DataLoader loop")
+        planned = [n for first, last in epochs for n in planned_steps(first, last)]
+        if steps == planned:
+            continue
+        tail = where_the_tail_went(epochs, steps)
+        if tail:
+            return Criterion(K_MICRO_STEPS, False, f"rank {rank}: {tail}")
+        return Criterion(K_MICRO_STEPS, False, (
+            f"rank {rank} stepped after forwards {steps} of {f['ddp_forwards']} (epochs of "
+            f"{[last - first + 1 for first, last in epochs]} micro-batches); a window of K = {ACCUM_STEPS} steps "
+            f"after forwards {planned}: once every {ACCUM_STEPS} micro-batches, and after each epoch's last"))
+    sizes = [last - first + 1 for first, last in epochs_of(finals[0])]
+    return Criterion(K_MICRO_STEPS, True, f"{plural(finals[0]['optimizer_steps'], 'step')} for epochs of "
+                                          f"{sizes} micro-batches (windows of {ACCUM_STEPS}, then the rest)")
 
 
 #: The typical mistakes whose results the harness computes too, and what to do about each.
 MISTAKE_RESULTS = {
     "loss not divided by K": (f"they match one process whose loss was not divided by K: the window's "
                               f"gradients add up to {ACCUM_STEPS} times the mean's. Divide each micro-batch's "
-                              f"loss by K = {ACCUM_STEPS}"),
+                              f"loss by K = {ACCUM_STEPS} (the last, shorter window's by its own size)"),
+    "tail left in .grad": ("they match a run that stepped only after every K-th micro-batch: each epoch's "
+                           "tail (the micro-batches after its last full window) stayed in .grad and joined "
+                           "the next epoch's first step, and the last epoch's tail was never applied. Step "
+                           "after the epoch's last micro-batch too, with its losses divided by the size of "
+                           "that shorter window (train.sync_schedule, train.loss_divisors)"),
+    "tail divided by K": ("they match a run that divided the last, shorter window's losses by K too: its "
+                          "gradients add up to less than its mean's. Divide each loss by the size of its "
+                          "window: K, or what is left of the epoch in the last one (train.loss_divisors)"),
     "no set_epoch": ("they match a run that reused epoch 0's order every epoch: call "
                      "sampler.set_epoch(epoch) at the start of each epoch"),
 }
@@ -408,6 +558,10 @@ def judge_no_sync(attempt: Attempt) -> List[Criterion]:
 
 
 # -- teardown ----------------------------------------------------------------
+#: The one rule the teardown check, its hint and notebook 05 state.
+TEARDOWN_RULE = ("Call destroy_process_group() in finally, on every path; with gloo it returns promptly even "
+                 "if a peer died; with nccl a stuck collective must be aborted first (the watchdog / "
+                 "TORCH_NCCL_ASYNC_ERROR_HANDLING)")
 def destroyed_everywhere(attempt: Attempt) -> Criterion:
     problems = []
     for rank in attempt.ranks:
@@ -418,8 +572,10 @@ def destroyed_everywhere(attempt: Attempt) -> Criterion:
             problems.append(f"rank {rank} still had a process group when its script ended")
     if not problems:
         return Criterion(DESTROYED, True, "every rank left the group before exiting")
+    if not attempt.finished:
+        return not_measured(DESTROYED, attempt, "the run stopped early (see the first criterion)")
     advice = ("every rank must leave the group, not only some" if len(problems) < attempt.world_size
-              else "call dist.destroy_process_group() when training is done (in a finally:)")
+              else f"{TEARDOWN_RULE[:1].lower()}{TEARDOWN_RULE[1:]}")
     return Criterion(DESTROYED, False, f"{'; '.join(problems)}: {advice}")
 
 
@@ -455,11 +611,10 @@ def failing_rank_leaves(normal: Attempt, failing: Optional[Attempt]) -> Criterio
                                                     "destroy_process_group on its way out")
     if normal.events(FAIL_RANK, "destroy"):
         why = ("No finally: it leaves the group at the end of a run that succeeds, but not on the way "
-               "out of an exception. Put the training in try: and dist.destroy_process_group() in "
-               "finally:, so it runs when a step raises too")
+               f"out of an exception. Put the training in try:. {TEARDOWN_RULE}")
     else:
         why = (f"Rank {FAIL_RANK} never calls it, not even when training succeeds. Put the training in "
-               "try: and dist.destroy_process_group() in finally:, on every rank")
+               f"try:, on every rank. {TEARDOWN_RULE}")
     return Criterion(FAILING_RANK_LEAVES, False, f"rank {FAIL_RANK} raised InjectedFailure mid-training and "
                                                  f"exited without calling destroy_process_group. {why}")
 
@@ -474,7 +629,7 @@ def judge_teardown(normal: Attempt, failing: Optional[Attempt]) -> List[Criterio
 def only_rank0_saves(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
     saves = {r: f["saves"] for r, f in finals.items()}
     if not saves[0]:
-        return Criterion(ONLY_RANK0_SAVES, False, "rank 0 saved nothing: keep the original script's "
+        return absent(ONLY_RANK0_SAVES, attempt, "rank 0 saved nothing: keep the original script's "
                                                   "torch.save, on rank 0")
     others = [r for r, s in saves.items() if r != 0 and s]
     if others:
@@ -520,9 +675,57 @@ def runs_torchrun(run: Attempt) -> Criterion:
                                           f"{run.seconds:.1f} s")
 
 
+def checkpoint_problem(run: Attempt) -> Optional[str]:
+    """What is wrong with the checkpoint rank 0 of ``run`` saved (None: it loads and holds the right model)."""
+    final = run.final(0) or {}
+    checked = final.get("checkpoints") or []
+    if not checked:
+        return "rank 0 saved no checkpoint"
+    record = checked[-1]
+    name = os.path.basename(record["path"])
+    if record["prefixed_keys"]:
+        return (f"{name} does not load into task.make_model(): its keys start with "
+                f"\"module.\" ({', '.join(record['prefixed_keys'])}, ...): that is the DDP wrapper's "
+                "state_dict(). Save the model inside it, model.state_dict() of the model you wrapped (or "
+                "ddp_model.module.state_dict()), so that a plain process can load it")
+    if not record["loads"]:
+        return f"{name} does not load into task.make_model() with strict=True: {record['error']}"
+    reference = (final.get("references") or {}).get("correct")
+    if reference is None:
+        return None  # no reference to compare with: the parameters are judged by the other criteria
+    d = max_difference(record["params"], reference)
+    if d <= TOLERANCE:
+        return None
+    if max_difference(record["params"], final.get("final_params")) <= TOLERANCE:
+        return (f"{name} loads and holds rank 0's trained parameters, but they differ from one process's by "
+                f"up to {d:.3g}: the training is what differs (see the parameters' criterion)")
+    return (f"{name} loads, but holds other parameters than rank 0 trained (up to {d:.3g} from one "
+            "process's): save after training, the trained model's state_dict()")
+
+
+def checkpoint_loads(launched: Attempt, torchrun: Attempt) -> Criterion:
+    """The file rank 0 saved, under launch and under torchrun, is one process's trained model, loadable as is."""
+    runs = [run for run in (launched, torchrun) if run.finished]
+    if not runs:
+        return not_measured(CHECKPOINT_LOADS, launched, "neither run finished (see the criteria above)")
+    problems: Dict[str, List[str]] = {}  # the same problem under both: said once
+    for run in runs:
+        if (problem := checkpoint_problem(run)):
+            problems.setdefault(problem, []).append(run.mode)
+    if problems:
+        return Criterion(CHECKPOINT_LOADS, False, "; ".join(f"under {' and under '.join(modes)}, {problem}"
+                                                            for problem, modes in problems.items()))
+    if len(runs) < 2:
+        missed = ({"launch", "torchrun"} - {run.mode for run in runs}).pop()
+        return not_measured(CHECKPOINT_LOADS, launched, f"the {missed} run did not finish")
+    return Criterion(CHECKPOINT_LOADS, True, "both load with strict=True and equal one process's parameters")
+
+
 def judge_capstone(launched: Attempt, plain: Attempt, torchrun: Attempt) -> List[Criterion]:
     measured = judged_from_finals(launched, [
         (SAME_AS_ONE_PROCESS, same_as_one_process), (ONE_ALLREDUCE_PER_STEP, one_allreduce_per_step),
-        (SHARDS, shards), (RESHUFFLED, reshuffled), (ONLY_RANK0_SAVES, only_rank0_saves)])
+        (K_MICRO_STEPS, k_micro_steps), (SHARDS, shards), (RESHUFFLED, reshuffled),
+        (ONLY_RANK0_SAVES, only_rank0_saves)])
     return ([ran_to_end(launched, f"runs under launch on {launched.world_size} ranks")] + measured
-            + [clean_teardown(launched), runs_plain(plain), runs_torchrun(torchrun)])
+            + [checkpoint_loads(launched, torchrun), clean_teardown(launched), runs_plain(plain),
+               runs_torchrun(torchrun)])

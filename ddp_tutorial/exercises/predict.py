@@ -1,21 +1,42 @@
 """Predict first: a question the learner answers before a measurement on real ranks reveals the answer.
 
-In a notebook, right before the cell that measures it::
+In a notebook, before anything that gives the answer away::
 
-    exercises.ask("04-allreduces")          # prints the question
-    prediction = None                       # the learner's answer
+    exercises.ask("04-allreduces")          # prints the question, naming the variable to answer in
+    my_count = None                         # the learner's answer: the variable the question names
     ... the measurement ...
-    exercises.reveal("04-allreduces", prediction, measured)
+    exercises.reveal("04-allreduces", my_count, measured)   # right after the measurement
 
 ``reveal`` derives the right answer from the measurement (never from a
 constant), compares, and explains. An unanswered question (None) just shows
-the answer, so a notebook runs top to bottom untouched.
+the answer, so a notebook runs top to bottom untouched. ``ask`` and ``reveal``
+print once: what they return is for programs, and a notebook does not echo it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
+
+
+class Printed(str):
+    """Text a function has printed already: a notebook does not show it a second time as the cell's value."""
+
+    def _ipython_display_(self) -> None:
+        pass  # IPython calls this instead of showing the repr: the text is on screen once, printed
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What ``reveal`` found: ``correct`` is True or False, None without a prediction; printed, not echoed."""
+
+    qid: str
+    prediction: Any
+    answer: Any
+    correct: Optional[bool]
+
+    def _ipython_display_(self) -> None:
+        pass  # reveal printed the verdict and why
 
 
 @dataclass(frozen=True)
@@ -24,6 +45,7 @@ class Question:
 
     Attributes:
         notebook: where it is asked, e.g. "04".
+        variable: the name the notebook's answer cell assigns (``my_count = None``), which ``ask`` names.
         text: the question.
         answer: the right answer, from what was measured: ``answer(measured)``.
         explain: why, in a sentence or two.
@@ -31,25 +53,37 @@ class Question:
     """
 
     notebook: str
+    variable: str
     text: str
     answer: Callable[[Any], Any]
     explain: str
     choices: Optional[Dict[str, str]] = None
 
 
-def _dead_peer_choice(seconds_to_error: float) -> str:
-    return "a" if seconds_to_error < 1.0 else "b" if seconds_to_error < 120 else "c"
+#: A failure "at once" comes within this fraction of the process-group timeout (notebook 05 asserts the same).
+AT_ONCE_FRACTION = 0.1
+
+
+def _dead_peer_choice(measured: Tuple[Optional[float], float]) -> str:
+    """(seconds until the survivor's all_reduce failed or None if it never did, the timeout the run used) -> letter.
+
+    The boundaries come from the run's own timeout: "at once" is well within it, anything later is the timeout.
+    """
+    seconds_to_error, timeout_s = measured
+    if seconds_to_error is None:
+        return "c"
+    return "a" if seconds_to_error < AT_ONCE_FRACTION * timeout_s else "b"
 
 
 QUESTIONS: Dict[str, Question] = {
     "01-all-reduce": Question(
-        "01", "4 ranks each hold a tensor [rank + 1] and call dist.all_reduce on it (op SUM, the "
+        "01", "my_sum", "4 ranks each hold a tensor [rank + 1] and call dist.all_reduce on it (op SUM, the "
               "default). What does rank 2 hold afterwards?",
         answer=lambda measured: measured,
         explain="all_reduce sums over all ranks and gives every rank the result, in place: "
                 "1 + 2 + 3 + 4 = 10 on every rank, rank 2 included."),
     "01-wrong-world-size": Question(
-        "01", "2 processes start, but both are told WORLD_SIZE=3. What happens in init_process_group?",
+        "01", "my_choice", "2 processes start, but both are told WORLD_SIZE=3. What happens in init_process_group?",
         choices={"a": "it raises at once: the world size does not match",
                  "b": "both wait for a third rank, until a timeout",
                  "c": "they carry on as a world of 2"},
@@ -57,34 +91,35 @@ QUESTIONS: Dict[str, Question] = {
         explain="The rendezvous waits until WORLD_SIZE ranks have registered; nothing tells the two "
                 "that a third will never come, so only a timeout ends the wait."),
     "02-default-buckets": Question(
-        "02", "The deep model has about 1.8 MiB of gradients, and DDP is built with no bucket_cap_mb "
+        "02", "my_buckets", "The deep model has about 1.8 MiB of gradients, and DDP is built with no bucket_cap_mb "
               "(its default). How many bucket all-reduces does each backward make, once DDP has "
               "rebuilt its buckets after the first iteration?",
         answer=lambda measured: measured,
         explain="With bucket_cap_mb=None DDP caps the first bucket at 1 MiB and the later ones at 25 MiB: "
                 "1.8 MiB of gradients make 2 buckets, so 2 all-reduces. An explicit 25 gives 1."),
     "03-set-epoch": Question(
-        "03", "Without sampler.set_epoch(epoch), does epoch 1 give a rank the same samples, in the "
+        "03", "my_choice", "Without sampler.set_epoch(epoch), does epoch 1 give a rank the same samples, in the "
               "same order, as epoch 0?",
         choices={"a": "yes, the same order", "b": "no, a new shuffle"},
         answer=lambda orders_repeat: "a" if orders_repeat else "b",
         explain="The sampler shuffles with seed + epoch, and its epoch changes only in set_epoch."),
     "03-padding": Question(
-        "03", "10 samples, 4 ranks, drop_last=False: how many indices does the sampler hand out "
+        "03", "my_duplicates", "10 samples, 4 ranks, drop_last=False: how many indices does the sampler hand out "
               "twice, so that every rank gets as many?",
         answer=lambda duplicated: duplicated,
         explain="Every rank gets ceil(10 / 4) = 3 indices: 12 in all for 10 samples, 2 of them twice."),
     "04-allreduces": Question(
-        "04", "2 ranks, K = 4, a model whose gradients fit one bucket, and the original's mistake: "
+        "04", "my_count", "2 ranks, K = 4, a model whose gradients fit one bucket, and the original's mistake: "
               "forward outside no_sync(), backward inside. How many bucket all-reduces does rank 0 "
               "run in its first 8 micro-steps?",
         answer=lambda measured: measured,
         explain="DDP decides in forward whether the coming backward all-reduces; no_sync() around "
                 "backward alone comes too late, so every micro-step syncs: 8, not 2."),
     "05-dead-peer": Question(
-        "05", "Rank 1 exits without a word while rank 0 waits in all_reduce (gloo, a 60 s process-group "
+        "05", "my_choice", "Rank 1 exits without a word while rank 0 waits in all_reduce (gloo, a 60 s process-group "
               "timeout). When does rank 0's all_reduce fail?",
-        choices={"a": "within a second", "b": "after the 60 s timeout", "c": "never: it waits forever"},
+        choices={"a": "at once, long before the timeout", "b": "when the 60 s timeout runs out",
+                 "c": "never: it waits forever"},
         answer=_dead_peer_choice,
         explain="A dead process's sockets are closed by the operating system, and gloo's read fails "
                 "at once. A peer that is alive but stuck gives no such signal: then only the "
@@ -93,7 +128,7 @@ QUESTIONS: Dict[str, Question] = {
 
 # Notebook 10: ZeroRedundancyOptimizer hands out whole tensors.
 QUESTIONS["10-zero-state"] = Question(
-    "10", "2 ranks, the wide model (64 -> 256 -> 8: tensors of 16,384, 2,048, 256 and 8 elements) with "
+    "10", "my_choice", "2 ranks, the wide model (64 -> 256 -> 8: tensors of 16,384, 2,048, 256 and 8 elements) with "
           "ZeroRedundancyOptimizer(Adam). What share of DDP's Adam state does rank 0 hold?",
     choices={"a": "half: every tensor is cut in two", "b": "much more than half: whole tensors are handed out",
              "c": "all of it: rank 0 keeps a full copy"},
@@ -119,21 +154,22 @@ def _same(prediction, answer, multiple_choice: bool) -> bool:
         return False
 
 
-def ask(qid: str) -> str:
-    """Print question ``qid`` (and its choices); returns its text."""
+def ask(qid: str) -> Printed:
+    """Print question ``qid`` (and its choices), naming the variable to answer in; returns the text."""
     q = _question(qid)
     lines = [f"Predict first ({qid}): {q.text}"]
     if q.choices:
         lines += [f"  ({letter}) {choice}" for letter, choice in q.choices.items()]
-        lines.append("Put your letter in `prediction` below, e.g. prediction = \"a\".")
+        what = "your letter, in quotes"
     else:
-        lines.append("Put your number in `prediction` below.")
+        what = "your number"
+    lines.append(f"Answer in the next cell: replace None in `{q.variable} = None` with {what}.")
     text = "\n".join(lines)
     print(text)
-    return text
+    return Printed(text)
 
 
-def reveal(qid: str, prediction, measured) -> Optional[bool]:
+def reveal(qid: str, prediction, measured) -> Verdict:
     """Compare ``prediction`` with the answer ``measured`` gives; print the verdict and why.
 
     Args:
@@ -142,7 +178,7 @@ def reveal(qid: str, prediction, measured) -> Optional[bool]:
         measured: what the notebook measured; the question turns it into the answer.
 
     Returns:
-        True or False for a prediction, None when there was none.
+        A ``Verdict``: its ``correct`` is True or False for a prediction, None when there was none.
     """
     q = _question(qid)
     answer = q.answer(measured)
@@ -153,4 +189,4 @@ def reveal(qid: str, prediction, measured) -> Optional[bool]:
         result = _same(prediction, answer, multiple_choice=bool(q.choices))
         verdict = f"{'✓' if result else '✗'} you predicted {prediction!r}; measured: {shown}"
     print(f"{verdict}\n  {q.explain}")
-    return result
+    return Verdict(qid, prediction, answer, result)

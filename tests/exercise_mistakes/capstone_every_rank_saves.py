@@ -30,13 +30,15 @@ def main():
                                      seed=task.SEED)
         loader = DataLoader(dataset, batch_size=task.BATCH_SIZE, sampler=sampler)
 
+        n = len(loader)  # this rank's micro-batches per epoch: not always a multiple of K
         for epoch in range(task.EPOCHS):
             sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
             for i, (x, y) in enumerate(loader):
-                last_of_window = (i + 1) % K == 0
+                window = min(K, n - (i - i % K))  # this window's size: K, or what is left of the epoch
+                last_of_window = (i + 1) % K == 0 or i == n - 1  # the epoch's tail ends a window too
                 skip_sync = distributed and not last_of_window
                 with ddp_model.no_sync() if skip_sync else contextlib.nullcontext():
-                    loss = task.loss_fn(ddp_model(x), y) / K
+                    loss = task.loss_fn(ddp_model(x), y) / window
                     loss.backward()  # all-reduces only at the end of a window
                 if last_of_window:
                     optimizer.step()
@@ -46,6 +48,8 @@ def main():
         print(f"saved {task.checkpoint_path()}")
     finally:
         if distributed:
+            # DDP holds the group; dropped after destroy it can deadlock gloo (torch 2.13, README)
+            model = ddp_model = None
             dist.destroy_process_group()
 
 

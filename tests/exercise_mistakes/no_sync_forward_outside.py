@@ -18,15 +18,21 @@ try:
     dataset = task.make_dataset()
     sampler = DistributedSampler(dataset, shuffle=True, seed=task.SEED)
     loader = DataLoader(dataset, batch_size=task.BATCH_SIZE, sampler=sampler)
+    n = len(loader)  # micro-batches per epoch: 7 here, a window of K = 4, then a shorter one of 3
+
     for epoch in range(task.EPOCHS):
         sampler.set_epoch(epoch)
         for i, (x, y) in enumerate(loader):
-            last_of_window = (i + 1) % K == 0
-            loss = task.loss_fn(model(x), y) / K  # forward outside: DDP already decided to sync
+            window = min(K, n - (i - i % K))  # this window's size: K, or what is left of the epoch
+            last_of_window = (i + 1) % K == 0 or i == n - 1  # the epoch's tail ends a window too
+
+            loss = task.loss_fn(model(x), y) / window  # forward outside: DDP already decided to sync
             with contextlib.nullcontext() if last_of_window else model.no_sync():
                 loss.backward()
-            if last_of_window:
+
+            if last_of_window:  # nothing stays in .grad for the next epoch
                 optimizer.step()
                 optimizer.zero_grad()
 finally:
+    model = None  # DDP holds the group; dropped after destroy it can deadlock gloo (torch 2.13, README)
     dist.destroy_process_group()

@@ -1,4 +1,4 @@
-"""Wrong answer to "no_sync": no_sync() used right, but each micro-batch's loss is not divided by K."""
+"""Wrong answer to "no_sync": no_sync() used right, but each micro-batch's loss is not divided by its window."""
 
 import contextlib
 
@@ -18,15 +18,22 @@ try:
     dataset = task.make_dataset()
     sampler = DistributedSampler(dataset, shuffle=True, seed=task.SEED)
     loader = DataLoader(dataset, batch_size=task.BATCH_SIZE, sampler=sampler)
+    n = len(loader)  # micro-batches per epoch: 7 here, a window of K = 4, then a shorter one of 3
+
     for epoch in range(task.EPOCHS):
         sampler.set_epoch(epoch)
         for i, (x, y) in enumerate(loader):
-            last_of_window = (i + 1) % K == 0
+            last_of_window = (i + 1) % K == 0 or i == n - 1  # the epoch's tail ends a window too
+
+            # DDP decides in forward whether the coming backward all-reduces,
+            # so forward and backward both go inside no_sync().
             with contextlib.nullcontext() if last_of_window else model.no_sync():
-                loss = task.loss_fn(model(x), y)  # the K gradients add up to K times the mean's
+                loss = task.loss_fn(model(x), y)  # the gradients add up to the window size times the mean's
                 loss.backward()
-            if last_of_window:
+
+            if last_of_window:  # nothing stays in .grad for the next epoch
                 optimizer.step()
                 optimizer.zero_grad()
 finally:
+    model = None  # DDP holds the group; dropped after destroy it can deadlock gloo (torch 2.13, README)
     dist.destroy_process_group()

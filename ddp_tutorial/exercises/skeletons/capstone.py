@@ -1,7 +1,8 @@
 """Capstone: port this single-process training script to DDP.
 
 It trains with gradient accumulation (K = task.ACCUM_STEPS micro-batches per
-optimizer step) and saves the model. Port it so that the same file runs:
+optimizer step, and a shorter last window where an epoch's micro-batches are not
+a multiple of K) and saves the model. Port it so that the same file runs:
 
   * as one plain process (`python capstone.py`, no RANK in the environment), as now;
   * under `ddp_tutorial.launch(...)` and under `torchrun --nproc-per-node 2`, where it
@@ -28,11 +29,13 @@ def main():
     dataset = task.make_dataset()
     loader = DataLoader(dataset, batch_size=task.BATCH_SIZE, shuffle=True)
 
+    n = len(loader)  # micro-batches per epoch: not always a multiple of K
     for epoch in range(task.EPOCHS):
         for i, (x, y) in enumerate(loader):
-            loss = task.loss_fn(model(x), y) / K  # K micro-batch means add up to the window's mean
+            window = min(K, n - (i - i % K))  # this window's size: K, or what is left of the epoch
+            loss = task.loss_fn(model(x), y) / window  # the window's gradients add up to its mean's
             loss.backward()
-            if (i + 1) % K == 0:
+            if (i + 1) % K == 0 or i == n - 1:  # the epoch's tail is a window too: nothing stays in .grad
                 optimizer.step()
                 optimizer.zero_grad()
 

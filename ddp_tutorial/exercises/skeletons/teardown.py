@@ -17,7 +17,8 @@ from ddp_tutorial.exercises import task
 dist.init_process_group("gloo")
 
 # TODO: whatever happens in the training below, leave the process group before
-#       this process exits: dist.destroy_process_group().
+#       this process exits: dist.destroy_process_group(). Drop the DDP model first
+#       (model = None): it holds the group.
 model = DDP(task.make_model())
 optimizer = task.make_optimizer(model.parameters())
 dataset = task.make_dataset()

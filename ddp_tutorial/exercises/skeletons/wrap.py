@@ -27,4 +27,5 @@ try:
         optimizer.step()
     print(f"rank {rank}: final loss {loss.item():.4f}")
 finally:
+    model = None  # DDP holds the group; dropped after destroy it can deadlock gloo (torch 2.13, README)
     dist.destroy_process_group()

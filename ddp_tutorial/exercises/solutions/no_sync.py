@@ -1,4 +1,4 @@
-"""Exercise "no_sync", solved: forward and backward inside no_sync(), each loss divided by K."""
+"""Exercise "no_sync", solved: forward and backward inside no_sync(), each loss divided by its window's size."""
 
 import contextlib
 
@@ -18,20 +18,23 @@ try:
     dataset = task.make_dataset()
     sampler = DistributedSampler(dataset, shuffle=True, seed=task.SEED)
     loader = DataLoader(dataset, batch_size=task.BATCH_SIZE, sampler=sampler)
+    n = len(loader)  # micro-batches per epoch: 7 here, a window of K = 4, then a shorter one of 3
 
     for epoch in range(task.EPOCHS):
         sampler.set_epoch(epoch)
         for i, (x, y) in enumerate(loader):
-            last_of_window = (i + 1) % K == 0  # this micro-batch ends a window of K
+            window = min(K, n - (i - i % K))  # this window's size: K, or what is left of the epoch
+            last_of_window = (i + 1) % K == 0 or i == n - 1  # the epoch's tail ends a window too
 
             # DDP decides in forward whether the coming backward all-reduces,
             # so forward and backward both go inside no_sync().
             with contextlib.nullcontext() if last_of_window else model.no_sync():
-                loss = task.loss_fn(model(x), y) / K  # K means add up to the window's mean
+                loss = task.loss_fn(model(x), y) / window  # the window's gradients add up to its mean's
                 loss.backward()
 
-            if last_of_window:
+            if last_of_window:  # nothing stays in .grad for the next epoch
                 optimizer.step()
                 optimizer.zero_grad()
 finally:
+    model = None  # DDP holds the group; dropped after destroy it can deadlock gloo (torch 2.13, README)
     dist.destroy_process_group()

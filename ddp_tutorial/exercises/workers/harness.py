@@ -9,11 +9,12 @@ in the notebook. Nothing here reads the learner's source: it only watches calls.
 
 Records (``event`` key): ``start``; ``init_called`` and ``init`` around
 ``init_process_group``; ``collective_enter`` and ``collective`` around each
-``all_reduce``, ``barrier`` and ``broadcast`` the script calls; ``destroy``
+collective the script calls (``all_reduce``, ``barrier``, ``broadcast``, ``all_gather``, ...); ``destroy``
 before ``destroy_process_group`` runs; and
 ``final`` after the script ended, with every count, the parameters, the
-sampler orders, the saves, the error if any, and on rank 0 the one-process
-references (``ddp_tutorial.exercises.reference``). All but ``final`` are
+sampler orders, the saves, the error if any, on rank 0 the one-process
+references (``ddp_tutorial.exercises.reference``), and in the capstone whether
+each saved checkpoint loads strictly into ``task.make_model()``. All but ``final`` are
 written the moment they happen, so a rank that hangs or dies still leaves them.
 
 A script that raises makes this rank exit 1 with its traceback, as it would
@@ -89,11 +90,12 @@ class Observations:
         self.no_sync_entries = 0
         self.optimizer_steps = 0
         self.params_per_step = []
+        self.forwards_at_step = []  # ddp_forwards when each optimizer step ran: where the windows end
         self.last_optimizer = None
         self.sampler_iterations = []
         self.loader_iterations = []
         self.saves = []
-        self.collectives = 0  # the script's own calls: all_reduce, barrier, broadcast
+        self.collectives = 0  # the script's own collective calls (all_reduce, barrier, broadcast, ...)
         self.ddp_attempts = 0  # DistributedDataParallel(...) calls, including ones that raised
         self.destroy_calls = 0
         self.init_world_size = None
@@ -116,6 +118,7 @@ class Observations:
             "no_sync_entries": self.no_sync_entries,
             "optimizer_steps": self.optimizer_steps,
             "params_per_step": self.params_per_step,
+            "forwards_at_step": self.forwards_at_step,
             "final_params": self.final_parameters(),
             "sampler_iterations": self.sampler_iterations,
             "loader_iterations": self.loader_iterations,
@@ -188,6 +191,7 @@ class Observers:
 
         def after_step(optimizer, args, kwargs):
             seen.optimizer_steps += 1
+            seen.forwards_at_step.append(seen.ddp_forwards)
             seen.last_optimizer = optimizer
             seen.params_per_step.append(reference.flat_parameters(optimizer_parameters(optimizer)))
 
@@ -211,7 +215,7 @@ class Observers:
         def observed_loader_iter(loader):
             seen.loader_iterations.append({
                 "dataset": dataset_fingerprint(loader.dataset), "sampler": type(loader.sampler).__name__,
-                "batch_size": loader.batch_size})
+                "batch_size": loader.batch_size, "forwards_before": seen.ddp_forwards})
             return loader_iter(loader)
 
         self.patch(torch.utils.data.DataLoader, "__iter__", observed_loader_iter)
@@ -273,7 +277,11 @@ class Observers:
         wrapped = {"init_process_group": observed_init, "destroy_process_group": observed_destroy,
                    "all_reduce": observed_collective("all_reduce", c10d.all_reduce, takes_tensor=True),
                    "barrier": observed_collective("barrier", c10d.barrier),
-                   "broadcast": observed_collective("broadcast", c10d.broadcast, takes_tensor=True)}
+                   "broadcast": observed_collective("broadcast", c10d.broadcast, takes_tensor=True),
+                   "reduce": observed_collective("reduce", c10d.reduce, takes_tensor=True),
+                   **{op: observed_collective(op, getattr(c10d, op)) for op in (
+                       "all_gather", "all_gather_object", "broadcast_object_list", "gather", "scatter",
+                       "reduce_scatter")}}
         for owner in (dist, c10d):
             for name, replacement in wrapped.items():
                 self.patch(owner, name, replacement)
@@ -341,6 +349,30 @@ def sampler_seed(seen: Observations) -> int:
     return seen.sampler_iterations[0]["seed"] if seen.sampler_iterations else 0
 
 
+def checkpoint_records(seen: Observations):
+    """For each file this rank saved: does it load strictly into ``task.make_model()``, and what it holds.
+
+    A plain process must be able to use the checkpoint: the DDP wrapper's own
+    ``state_dict()`` has every key prefixed with ``module.`` and does not load.
+    """
+    from ddp_tutorial.exercises import task
+
+    checked = []
+    for path in dict.fromkeys(save["path"] for save in seen.saves):
+        record = {"path": path, "loads": False, "error": None, "params": None, "prefixed_keys": []}
+        try:
+            state = torch.load(path, weights_only=True)
+            if isinstance(state, dict):
+                record["prefixed_keys"] = [k for k in state if isinstance(k, str) and k.startswith("module.")][:3]
+            model = task.make_model()
+            model.load_state_dict(state, strict=True)
+            record["loads"], record["params"] = True, reference.flat_parameters(model.parameters())
+        except Exception as exc:  # any file a script may write: report what went wrong
+            record["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        checked.append(record)
+    return checked
+
+
 def run(exercise: str, script: str) -> int:
     """Run ``script`` under the observers and report; returns this rank's exit code."""
     torch.set_num_threads(1)  # ranks share a small machine
@@ -375,6 +407,8 @@ def run(exercise: str, script: str) -> int:
         world_size = seen.init_world_size or int(os.environ.get("WORLD_SIZE", 1))
         record["reference_world_size"] = world_size
         record["references"] = reference.references(world_size, sampler_seed(seen))
+    if exercise == "capstone":
+        record["checkpoints"] = checkpoint_records(seen)
     report(record)
     return code
 
