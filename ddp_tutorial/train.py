@@ -253,6 +253,4 @@ def parse_flags(argv=None):
 if __name__ == "__main__":
     from ddp_tutorial.rank.bootstrap import exit_skipping_interpreter_cleanup
 
-    # main() tears down (step 5); what is skipped is only the interpreter's garbage
-    # collection, where gloo's objects destroyed that late can abort a finished run.
-    exit_skipping_interpreter_cleanup(main())
+    exit_skipping_interpreter_cleanup(main())  # main() tore down; gloo objects freed at exit can abort
