@@ -284,9 +284,9 @@ def test_hard_coded_port_in_use_fails_clearly(runs_root):
 def test_free_port_is_bindable_and_outside_the_ephemeral_range():
     import socket
 
-    from ddp_tutorial.launcher import _ephemeral_range
+    from ddp_tutorial.launcher.net import ephemeral_range
 
-    low, _ = _ephemeral_range()
+    low, _ = ephemeral_range()
     ports = {ddp_tutorial.free_port() for _ in range(20)}
     assert len(ports) > 15  # random, so concurrent launches rarely even try the same one
     for port in ports:
