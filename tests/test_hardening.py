@@ -558,7 +558,7 @@ def test_a_rank_that_ignores_sigterm_is_killed_after_grace(runs_root):
 def test_waits_end_at_their_deadlines_even_for_a_rank_that_never_dies(monkeypatch):
     """A rank the kernel cannot reap (stuck in uninterruptible I/O), played by hiding its exit."""
     group = launcher.workergroup.WorkerGroup([sys.executable, "-c", "import time; time.sleep(60)"],
-                                  [dict(os.environ)], "none")
+                                             [dict(os.environ)], "none")
     try:
         monkeypatch.setattr(launcher.procgroup, "has_exited", lambda p: False)
         monkeypatch.setattr(launcher.procgroup, "KILL_WAIT_S", 0.5)

@@ -13,13 +13,14 @@ The fault contract: the first rank that fails stops the whole group
 ``LaunchTimeout``; an interrupt stops every worker; no worker outlives a launch.
 Every input is checked before anything starts (``LaunchConfigError``).
 
-Split as torchrun splits its agent; read the modules in this order:
+Split as torchrun splits its agent (a spec, a worker group, the loop that watches
+it); read the modules in this order (docs/how-it-is-built.md follows one launch through them):
 
 - ``spec``: ``LaunchSpec``, every argument checked once; the run folder claimed.
 - ``supervise``: the loop: attempts, fail-fast, deadlines, restarts, interrupts; the ``Run``.
-- ``start``: one attempt: warm or cold, each rank's environment, the store's socket.
-- ``net``: ports and loopback; ``workergroup``: one attempt's ranks, their output and exits.
-- ``procgroup``: a rank's process group: start, signal, sweep; the group keeper.
+- ``start``: one attempt: warm or cold, each rank's environment, the store's socket (``net``).
+- ``workergroup``: one attempt's ranks, their output and exits, on one poll.
+- ``procgroup``: a rank's process group: start, signal, sweep, liveness; the group keeper.
 - ``errors``: what ``launch`` raises.
 
 This package imports no torch, so a launch costs the kernel nothing up front.

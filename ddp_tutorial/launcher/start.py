@@ -1,7 +1,7 @@
 """How one attempt starts: warm or cold, each rank's environment, and the store's socket for rank 0.
 
-``start_mode`` decides once per launch whether the ranks may be forked from the fork
-server (``warmstart``) or must start as new processes, and says why not;
+``cold_reason`` decides once per launch whether the ranks may be forked from the fork
+server (``warmstart``) or must start as new processes, and says why;
 ``start_attempt`` then starts the ranks of one attempt and returns an ``Attempt``,
 which holds every fact of how it started.
 """
@@ -39,8 +39,8 @@ class Attempt:
     cold_reason: Optional[str]
 
 
-def start_mode(spec: LaunchSpec) -> Optional[str]:
-    """None if the ranks may be forked from the fork server, else why they start cold."""
+def cold_reason(spec: LaunchSpec) -> Optional[str]:
+    """Why the ranks must start as new processes (cold), or None: they may be forked from the fork server."""
     if not (warmstart.warm_by_default() if spec.warm is None else spec.warm):
         return "warm launches are turned off (warm=False or DDP_TUTORIAL_WARM=0)"
     if spec.backend == "nccl":  # CUDA in a forked process is not what a cold rank gets: start cold
@@ -88,7 +88,7 @@ def start_attempt(spec: LaunchSpec, number: int, cold_reason: Optional[str], dea
     """Start one attempt's ranks; rank 0 gets the store's listening socket (or binds ``spec.master_port``).
 
     Args:
-        cold_reason: ``start_mode(spec)``: None to fork the ranks from the fork server if it can.
+        cold_reason: ``cold_reason(spec)``: None to fork the ranks from the fork server if it can.
         deadline: the launch's (a fork server still starting is waited for within it).
     """
     while True:
@@ -113,7 +113,8 @@ def start_attempt(spec: LaunchSpec, number: int, cold_reason: Optional[str], dea
         finally:
             if sock is not None:
                 sock.close()  # rank 0 holds it now: the port is free again once rank 0 exits
-        attempt = Attempt(number, group, port, *(("warm", None) if server is not None else ("cold", cold_reason)))
+        mode, why = ("warm", None) if server is not None else ("cold", cold_reason)
+        attempt = Attempt(number, group, port, mode, why)
         runfolder.note_start(spec.run_dir, number, attempt.start_mode, attempt.cold_reason)
         return attempt
 

@@ -27,7 +27,7 @@ def run_attempts(spec: LaunchSpec, t0: float) -> Run:
         t0: ``time.monotonic()`` when ``launch`` was called; the deadline is ``t0 + spec.timeout``.
     """
     deadline = t0 + spec.timeout
-    cold_reason = start.start_mode(spec)
+    cold_reason = start.cold_reason(spec)
     number = 0
     while True:
         attempt = start.start_attempt(spec, number, cold_reason, deadline)
