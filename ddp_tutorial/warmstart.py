@@ -14,9 +14,7 @@ Anything the server cannot do safely or in time means a cold launch, never a fai
 
 from __future__ import annotations
 
-import ast
 import atexit
-import importlib.util
 import json
 import os
 import select
@@ -347,72 +345,6 @@ def acquire(argv: List[str], envs: List[Dict[str, str]], deadline: float) -> Tup
     except BaseException:  # e.g. the stop button while the server imports torch: it stays for later
         _IN_USE.release()
         raise
-
-
-_ENV_METHODS = {"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "__delitem__"}
-
-
-def _changes_environment(node: ast.AST) -> bool:
-    """Whether ``node`` writes ``os.environ`` (or calls ``os.putenv``/``unsetenv``) when it runs."""
-    def is_environ(n):
-        return (isinstance(n, ast.Attribute) and n.attr == "environ") or (isinstance(n, ast.Name)
-                                                                           and n.id == "environ")
-
-    def runs_now(n):  # every node that runs with the statement: not the bodies of functions it defines
-        yield n
-        if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            for child in ast.iter_child_nodes(n):
-                yield from runs_now(child)
-
-    for n in runs_now(node):
-        targets = n.targets if isinstance(n, (ast.Assign, ast.Delete)) else (
-            [n.target] if isinstance(n, (ast.AugAssign, ast.AnnAssign)) else [])
-        if any(isinstance(t, ast.Subscript) and is_environ(t.value) for t in targets):
-            return True
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
-            if is_environ(n.func.value) and n.func.attr in _ENV_METHODS:
-                return True
-            if n.func.attr in ("putenv", "unsetenv") and isinstance(n.func.value, ast.Name) and n.func.value.id == "os":
-                return True
-    return False
-
-
-def _imports_torch(node: ast.stmt) -> bool:
-    if isinstance(node, ast.Import):
-        return any(a.name == "torch" or a.name.startswith("torch.") for a in node.names)
-    return isinstance(node, ast.ImportFrom) and bool(node.module) and (
-        node.module == "torch" or node.module.startswith("torch."))
-
-
-def environment_before_torch(target: Sequence[str]) -> Optional[str]:
-    """Why a script must start cold because it sets environment variables before ``import torch``; else None.
-
-    torch reads some variables once, when it is imported (OMP_NUM_THREADS sizes its thread
-    pool): in a warm rank torch was imported by the fork server, before the script ran, so
-    such a setting would silently do nothing. Looks at the script's top-level statements
-    up to its first ``import torch``.
-
-    Args:
-        target: the command's target, ``[path]`` or ``["-m", module]``.
-    """
-    try:
-        if target[0] == "-m":
-            spec = importlib.util.find_spec(target[1])
-            path = spec.origin if spec is not None else None
-        else:
-            path = target[0]
-        if not path or not path.endswith(".py"):
-            return None
-        tree = ast.parse(Path(path).read_text(encoding="utf-8", errors="replace"))
-    except (OSError, SyntaxError, ValueError, ImportError):
-        return None  # the rank will report what is wrong with it
-    for stmt in tree.body:
-        if _imports_torch(stmt):
-            return None
-        if _changes_environment(stmt):
-            return (f"{Path(path).name} sets environment variables before importing torch (line {stmt.lineno}); "
-                    f"in a warm rank torch is imported already, so they would not take effect")
-    return None
 
 
 def prestart(env: Dict[str, str]) -> bool:

@@ -291,12 +291,12 @@ def test_fewer_gpus_than_ranks_per_node_is_a_clear_error(monkeypatch):
         choose_backend("nccl", gpus=2, local_world_size=4)
     fake_gpus(monkeypatch, 2)
     with pytest.raises(LaunchConfigError, match="4 ranks but has 2 GPU"):
-        launcher._check_nccl(4)
+        launcher.spec.check_nccl(4)
     with pytest.raises(ValueError, match="needs CUDA"):
         choose_backend("nccl", gpus=0, local_world_size=1)
     fake_gpus(monkeypatch, 0)
     with pytest.raises(LaunchConfigError, match="needs CUDA"):
-        launcher._check_nccl(1)
+        launcher.spec.check_nccl(1)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")

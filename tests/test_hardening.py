@@ -7,6 +7,7 @@ fraction of a second); the few that train say why they must.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 from collections import Counter
@@ -149,7 +150,7 @@ def test_while_a_launch_runs_nothing_listens_beyond_loopback(tmp_path, master_po
     assert not exposed, f"listening beyond loopback: {exposed}"
     assert result["run"].exit_codes == {0: 0, 1: 0}
     if not port:  # picked outside the ephemeral range, so no outgoing connection takes it meanwhile
-        low, high = launcher._ephemeral_range()
+        low, high = launcher.net.ephemeral_range()
         assert not low <= store_port <= high
     # Free again once the run is over (SO_REUSEADDR, as a new store would bind it).
     with socket.socket() as s:
@@ -171,14 +172,15 @@ def test_workers_pin_gloo_and_nccl_to_the_loopback_interface(tmp_path):
     assert lo is not None
     with open(f"/sys/class/net/{lo}/flags") as f:
         assert int(f.read(), 16) & 0x8  # IFF_LOOPBACK
-    env = launcher._worker_env(0, 2, 1234, tmp_path, "gloo", 0, 0, "fd:7", {})
+    spec = launcher.LaunchSpec(target=("x.py",), world_size=2, run_dir=tmp_path, backend="gloo")
+    env = launcher.start.rank_env(spec, 0, 1234, 0, "fd:7")
     assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == lo
     assert env["MASTER_ADDR"] == "127.0.0.1" and env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
     assert env["DDP_TUTORIAL_STORE"] == "fd:7"
-    assert launcher._worker_env(1, 2, 1234, tmp_path, "gloo", 0, 0, "join", {})["DDP_TUTORIAL_STORE"] == "join"
+    assert launcher.start.rank_env(spec, 1, 1234, 0, "join")["DDP_TUTORIAL_STORE"] == "join"
     # what the caller gives wins, as documented
-    assert launcher._worker_env(1, 2, 1234, tmp_path, "gloo", 0, 0, "join",
-                                {"GLOO_SOCKET_IFNAME": "eth9"})["GLOO_SOCKET_IFNAME"] == "eth9"
+    given = dataclasses.replace(spec, env={"GLOO_SOCKET_IFNAME": "eth9"})
+    assert launcher.start.rank_env(given, 1, 1234, 0, "join")["GLOO_SOCKET_IFNAME"] == "eth9"
 
 
 # -- 2. Every bad input is refused before anything starts ---------------------------
@@ -524,7 +526,7 @@ def test_signals_go_only_to_unreaped_ranks_of_this_launch(monkeypatch):
         sent.append((pgid, sig, ppid))
         real_killpg(pgid, sig)
 
-    monkeypatch.setattr(launcher.os, "killpg", checked_killpg)
+    monkeypatch.setattr(launcher.procgroup.os, "killpg", checked_killpg)
     with pytest.raises(WorkerError) as info:
         launch(FAIL_FAST, 3, echo="none", timeout=60)
     run = launch(PRINT_LINES, 2, echo="none", timeout=60)
@@ -537,7 +539,7 @@ def test_signals_go_only_to_unreaped_ranks_of_this_launch(monkeypatch):
         assert ppid in (os.getpid(), server)
         assert pgid in info.value.run.pids + run.pids
     count = len(sent)
-    group = launcher._WorkerGroup([sys.executable, "-c", "pass"], [dict(os.environ)], "none")
+    group = launcher.workergroup.WorkerGroup([sys.executable, "-c", "pass"], [dict(os.environ)], "none")
     assert group.wait(time.monotonic() + 30)
     group.stop()  # every rank reaped: nothing left to signal
     group.close()
@@ -555,11 +557,11 @@ def test_a_rank_that_ignores_sigterm_is_killed_after_grace(runs_root):
 
 def test_waits_end_at_their_deadlines_even_for_a_rank_that_never_dies(monkeypatch):
     """A rank the kernel cannot reap (stuck in uninterruptible I/O), played by hiding its exit."""
-    group = launcher._WorkerGroup([sys.executable, "-c", "import time; time.sleep(60)"],
-                                  [dict(os.environ)], "none")
+    group = launcher.workergroup.WorkerGroup([sys.executable, "-c", "import time; time.sleep(60)"],
+                                             [dict(os.environ)], "none")
     try:
-        monkeypatch.setattr(launcher, "_has_exited", lambda p: False)
-        monkeypatch.setattr(launcher, "KILL_WAIT_S", 0.5)
+        monkeypatch.setattr(launcher.procgroup, "has_exited", lambda p: False)
+        monkeypatch.setattr(launcher.procgroup, "KILL_WAIT_S", 0.5)
         t0 = time.monotonic()
         group.stop(grace=0.2)  # SIGTERM, 0.2 s, SIGKILL, 0.5 s: then it gives up
         assert time.monotonic() - t0 < 5 and group.exit_codes == {0: None}
@@ -578,7 +580,7 @@ def test_output_held_open_by_an_escaped_grandchild_is_not_waited_for_forever(run
     child = int(run.output[0][0].split()[1])
     try:
         assert run.exit_codes == {0: 0}
-        assert elapsed < launcher.DRAIN_S + 10  # the drain gave up after DRAIN_S
+        assert elapsed < launcher.workergroup.DRAIN_S + 10  # the drain gave up after DRAIN_S
     finally:
         os.kill(child, signal.SIGKILL)
     assert open_fds() == fds  # the pipe's read end is closed all the same
@@ -590,14 +592,14 @@ def test_output_held_open_by_an_escaped_grandchild_is_not_waited_for_forever(run
     ((5000, 65000), range(1024, 5000)),  # little room either side: below, from 1024
 ])
 def test_free_port_stays_outside_the_ephemeral_range_and_varies(monkeypatch, ephemeral, allowed):
-    monkeypatch.setattr(launcher, "_ephemeral_range", lambda: ephemeral)
+    monkeypatch.setattr(launcher.net, "ephemeral_range", lambda: ephemeral)
     ports = [launcher.free_port() for _ in range(20)]
     assert all(p in allowed for p in ports), ports
     assert len(set(ports)) > 15
 
 
 def test_free_port_lets_the_os_pick_when_no_range_is_left(monkeypatch):
-    monkeypatch.setattr(launcher, "_ephemeral_range", lambda: (1024, 65535))
+    monkeypatch.setattr(launcher.net, "ephemeral_range", lambda: (1024, 65535))
     assert 1 <= launcher.free_port() <= 65535
 
 
@@ -721,7 +723,7 @@ def test_generated_training_flags_are_refused_or_checked(runs_root, monkeypatch,
     def no_start(*a, **k):
         raise Sentinel()
 
-    monkeypatch.setattr(launcher, "_start_group", no_start)
+    monkeypatch.setattr(launcher.start, "start_attempt", no_start)
     folders = lambda: set(runs_root.iterdir()) if runs_root.exists() else set()  # noqa: E731
     before = folders()
     try:

@@ -284,12 +284,60 @@ def test_hard_coded_port_in_use_fails_clearly(runs_root):
 def test_free_port_is_bindable_and_outside_the_ephemeral_range():
     import socket
 
-    from ddp_tutorial.launcher import _ephemeral_range
+    from ddp_tutorial.launcher.net import ephemeral_range
 
-    low, _ = _ephemeral_range()
+    low, _ = ephemeral_range()
     ports = {ddp_tutorial.free_port() for _ in range(20)}
     assert len(ports) > 15  # random, so concurrent launches rarely even try the same one
     for port in ports:
         assert 20000 <= port < low
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+def assert_launch_facts(run, world_size: int):
+    """What ``launch`` puts on a Run besides the run folder, for any outcome."""
+    assert set(run.exit_codes) == set(run.output) == set(range(world_size))
+    assert all(code is not None for code in run.exit_codes.values())  # every rank was reaped
+    assert len(run.pids) == world_size and isinstance(run.master_port, int)
+    assert run.start_mode in ("warm", "cold") and (run.cold_reason is None) == (run.start_mode == "warm")
+    assert run.wall_seconds is not None and run.wall_seconds > 0
+
+
+def test_every_outcome_carries_the_launch_facts_on_its_run():
+    assert_launch_facts(launch(str(SCRIPTS / "print_lines.py"), 2, echo="none", timeout=60), 2)
+    with pytest.raises(WorkerError) as failed:
+        launch(str(SCRIPTS / "fail_fast.py"), 2, echo="none", timeout=60)
+    assert_launch_facts(failed.value.run, 2)
+    assert failed.value.run.exit_codes[failed.value.rank] == failed.value.exit_code
+    with pytest.raises(LaunchTimeout) as hung:
+        launch(ddp_tutorial.scripts_path("hello.py"), 2, env={"WORLD_SIZE": "3"}, echo="none", timeout=5)
+    assert_launch_facts(hung.value.run, 2)
+    assert all(code < 0 for code in hung.value.run.exit_codes.values())  # stopped by a signal
+
+
+def test_the_launch_spec_is_checked_once_and_frozen(runs_root):
+    import dataclasses
+
+    spec = launcher.LaunchSpec.build(ddp_tutorial.scripts_path("hello.py"), 2, ["--n", 3], timeout=10,
+                                     backend="auto", run_dir=None, env={"A": "1"}, echo="none",
+                                     max_restarts=0, master_port=None, grace=1.0, warm=None)
+    assert spec.args == ("--n", "3") and spec.world_size == 2
+    assert (spec.run_dir / ".launch.json").is_file()  # a spec owns its claimed run folder
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.world_size = 3
+    with pytest.raises(TypeError):
+        spec.env["B"] = "2"
+    script = str(Path(ddp_tutorial.scripts_path("hello.py")).resolve())
+    assert spec.cmd == [sys.executable, "-u", launcher.BOOTSTRAP, script, "--n", "3"]
+
+
+def test_alive_tells_a_running_process_from_a_zombie_and_a_reaped_one():
+    from ddp_tutorial.launcher import procgroup
+
+    assert procgroup.alive(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    wait_for(lambda: os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT), 30, "the child to exit")
+    assert not procgroup.alive(child.pid)  # exited, not reaped: a zombie
+    child.wait()
+    assert not procgroup.alive(child.pid)

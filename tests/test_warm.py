@@ -303,4 +303,4 @@ def test_a_script_that_sets_the_environment_before_importing_torch_starts_cold(t
 def test_environment_before_torch_is_read_from_the_source(tmp_path, source, cold):
     path = tmp_path / "s.py"
     path.write_text(source)
-    assert (warmstart.environment_before_torch([str(path)]) is not None) == cold
+    assert (launcher.start.environment_before_torch([str(path)]) is not None) == cold

@@ -1,0 +1,92 @@
+"""What ``launch`` raises, and how it puts a rank's exit and output into words.
+
+Every error is a ``LaunchError`` and carries the partial ``Run`` (``.run``) where
+ranks had started, so a notebook can still plot the steps finished before it.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from typing import List, Optional
+
+from ddp_tutorial.runfolder import Run
+
+
+class LaunchError(RuntimeError):
+    """Base class of every error ``launch`` raises.
+
+    Attributes:
+        run: the partial ``Run`` (metrics of the steps finished before the error), or None.
+    """
+
+    def __init__(self, message: str, run: Optional[Run] = None):
+        super().__init__(message)
+        self.run = run
+
+
+class LaunchConfigError(LaunchError, ValueError):
+    """Bad input, found before any process started and before any folder was made."""
+
+
+class WorkerError(LaunchError):
+    """A rank raised or exited non-zero; every other rank was stopped.
+
+    "First" is by when each rank failed, not by when its exit was seen: a rank notes
+    the moment its script's exception reaches it (``rank/bootstrap.py``), and a
+    rank killed by a signal counts from when its exit was seen.
+
+    Attributes:
+        rank: the first rank that failed.
+        exit_code: its exit code (negative: killed by that signal).
+        traceback: the end of its output, from its last traceback on.
+        failed_after: the other ranks that failed on their own, in the order they failed.
+    """
+
+    def __init__(self, message, rank, exit_code, traceback, run=None, failed_after=()):
+        super().__init__(message, run)
+        self.rank, self.exit_code, self.traceback = rank, exit_code, traceback
+        self.failed_after = list(failed_after)
+
+
+class LaunchTimeout(LaunchError, TimeoutError):
+    """The deadline passed with ranks still running; all were stopped.
+
+    Attributes:
+        still_running: rank -> last micro-step it finished (None if none).
+        stacks: rank -> its script's Python stack when it was stopped (most recent call
+            first), for each rank still running; ``launch`` also prints them once.
+        waiting_in: rank -> the torch.distributed call it was inside (e.g. ``"all_reduce"``),
+            or None.
+    """
+
+    def __init__(self, message, still_running, run=None, stacks=None, waiting_in=None):
+        super().__init__(message, run)
+        self.still_running = still_running
+        self.stacks = dict(stacks or {})
+        self.waiting_in = dict(waiting_in or {})
+
+
+def describe_exit(code: int) -> str:
+    """An exit status in words: "exit code 3", or "killed by SIGKILL" for a negative one."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def port_taken(text: str) -> bool:
+    """Whether a rank failed because its MASTER_PORT was taken (EADDRINUSE)."""
+    text = text.lower()
+    return "eaddrinuse" in text or "address already in use" in text
+
+
+def last_traceback(lines: List[str], max_lines: int = 40) -> str:
+    """The rank's last Python traceback, or the tail of its output."""
+    for i in range(len(lines) - 1, -1, -1):
+        # torch prefixes a rank's uncaught exception with "[rankN]:"
+        if re.match(r"(\[rank\d+\]:\s*)?Traceback \(most recent call last\)", lines[i]):
+            return "\n".join(lines[i:i + max_lines])
+    return "\n".join(lines[-15:]) or "(no output)"

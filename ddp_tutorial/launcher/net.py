@@ -1,0 +1,106 @@
+"""The network side of a launch: loopback only, and a port no one can take first.
+
+``launch`` binds the rendezvous store's socket on 127.0.0.1 itself (``listen_socket``)
+and hands it to rank 0, whose bootstrap hosts the store on it; gloo and nccl are
+pinned to the loopback interface (``loopback_interface``). Standard library only.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+from typing import Optional
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A port that is free right now, chosen at random outside the OS's ephemeral range.
+
+    For a server you start yourself (e.g. a torchrun rendezvous endpoint).
+    Ports the OS hands out for outgoing connections (gloo opens many) come from
+    the ephemeral range; a listening port picked from there could be taken by
+    one of them first. ``launch`` needs none of this: it binds its store's
+    socket itself (``listen_socket``) and hands it to rank 0.
+    """
+    for port in candidate_ports():
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # crowded: let the OS pick
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def candidate_ports(tries: int = 100):
+    """Up to ``tries`` random ports outside the ephemeral range (none if there is no room)."""
+    rng = random.SystemRandom()  # concurrent launches must not share a sequence
+    ranges = listener_ranges(*ephemeral_range())
+    sizes = [high - low for low, high in ranges]
+    for _ in range(tries if ranges else 0):
+        low, high = rng.choices(ranges, weights=sizes)[0]
+        yield rng.randrange(low, high)
+
+
+def listener_ranges(low: int, high: int, floor: int = 20000, min_size: int = 1000):
+    """Port ranges ``[a, b)`` outside the ephemeral range ``[low, high]`` with room to pick from.
+
+    Below the range from ``floor`` up (clear of well-known services) if that leaves
+    ``min_size`` ports, else above it, else from 1024 up; empty if none is big enough.
+    """
+    for a, b in ((floor, low), (high + 1, 65536), (1024, low)):
+        if b - a >= min_size:
+            return [(a, b)]
+    return []
+
+
+def ephemeral_range():
+    """The OS's range for outgoing connections' ports, ``(low, high)`` inclusive."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def listen_socket() -> socket.socket:
+    """A TCP socket listening on 127.0.0.1 at a free port: the store's, for rank 0.
+
+    Bound before any rank starts, so no other program can take the port in
+    between, and ranks that connect before rank 0 hosts the store wait in the
+    backlog instead of being refused and backing off. The port is outside the
+    ephemeral range, and SO_REUSEADDR is set as TCPStore sets it, so once the
+    run ends the port can be listened on again (no outgoing connection takes it,
+    and the store's closed connections in TIME_WAIT do not block it).
+    """
+    for port in [*candidate_ports(), 0]:  # 0: the OS picks, if the range leaves no room
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((LOOPBACK, port))
+            sock.listen(socket.SOMAXCONN)
+            return sock
+        except OSError:
+            sock.close()
+            if port == 0:  # the last try: nothing was free
+                raise
+
+
+def loopback_interface() -> Optional[str]:
+    """The name of this machine's loopback network interface (``lo`` on Linux), or None."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    for name in names:
+        try:
+            with open(f"/sys/class/net/{name}/flags") as f:
+                if int(f.read(), 16) & 0x8:  # IFF_LOOPBACK
+                    return name
+        except (OSError, ValueError):
+            continue
+    return next((n for n in names if n in ("lo", "lo0")), None)

@@ -1,0 +1,204 @@
+"""A rank's process group: start it, signal it, sweep it, and make sure nothing of it outlives us.
+
+Each rank leads a process group of its own (cold: ``start_new_session``; warm: the
+fork server's child calls ``setsid``), so one signal reaches the rank and anything
+it started. Its pid is the group's id, and stays ours only until the rank is
+reaped: every signal here is sent before that (``killpg``, ``sweep``).
+
+If this process dies without running any code (SIGKILL, a crashed kernel), the
+ranks die by their parent-death signal, and the group keeper (``group_keeper.py``,
+one small process per launching process) kills their groups when its pipe from us
+closes. The limit: a process that started a session of its own has left its rank's
+group, and nothing here reaches it. Standard library only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import List, Optional, Set
+
+from ddp_tutorial import warmstart
+from ddp_tutorial.launcher.errors import LaunchError
+
+#: Seconds the kernel gets to reap a rank after SIGKILL; a rank stuck in the
+#: kernel (uninterruptible I/O) longer than this is left, not waited for forever.
+KILL_WAIT_S = 5.0
+#: Kills the ranks' process groups (and so what the ranks started) if this process dies.
+KEEPER_SCRIPT = str(Path(__file__).resolve().parent.parent / "group_keeper.py")
+
+
+def start(rank: int, cmd: List[str], env, store_fd: Optional[int] = None,
+          server: Optional[warmstart.ForkServer] = None, cwd: str = "", umask: int = 0):
+    """Start one rank as the leader of a new process group, and tell the keeper.
+
+    Args:
+        store_fd: the store's listening socket, passed to rank 0 only.
+        server: fork the rank from this fork server (with ``cwd`` and ``umask``);
+            None starts ``cmd`` as a new process.
+
+    Returns:
+        A ``subprocess.Popen``, or a ``warmstart.WarmRank``; its ``stdout`` is the output pipe.
+    """
+    fd = store_fd if rank == 0 else None
+    if server is not None:
+        p = server.spawn(cmd, env, cwd, umask, fd)
+    else:
+        # start_new_session: the rank gets its own process group, so a kill
+        # reaches anything it started, and a terminal's Ctrl-C reaches only us.
+        try:
+            p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True, bufsize=0,
+                                 pass_fds=(fd,) if fd is not None else ())
+        except OSError as exc:
+            raise LaunchError(f"could not start rank {rank}: {exc}") from exc
+    _tell_keeper("+", p.pid)
+    return p
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process (a zombie, exited but not yet reaped, is not)."""
+    if not os.path.isdir("/proc/self"):  # no /proc here: ask the kernel (a zombie then counts as alive)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    stat = _stat(pid)
+    return stat is not None and stat[0] != b"Z"
+
+
+def _stat(pid) -> Optional[tuple]:
+    """(state, parent pid, process group) of ``pid`` from /proc, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state, ppid, pgrp = f.read().rsplit(b")", 1)[1].split()[:3]
+        return state, int(ppid), int(pgrp)
+    except (OSError, ValueError):  # gone meanwhile, or not ours to read
+        return None
+
+
+def live_members(pgid: int) -> List[int]:
+    """Processes of group ``pgid`` still running (not zombies), its leader aside; Linux's /proc, else []."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    members = []
+    for entry in entries:
+        if entry.isdigit() and int(entry) != pgid:
+            stat = _stat(entry)
+            if stat is not None and stat[2] == pgid and stat[0] != b"Z":
+                members.append(int(entry))
+    return members
+
+
+def wait_for_members(pgid: int, deadline: float) -> bool:
+    """After a SIGKILL of group ``pgid``: wait until no member runs (True), or ``deadline`` (False).
+
+    A SIGKILL takes effect when the process next runs, which on a busy machine
+    can be a while; returning before then would leave it visible after the launch.
+    Called while the leader is an unreaped zombie, so the group id is still ours.
+    """
+    while live_members(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)  # no event announces that a group emptied, so look again shortly
+    return True
+
+
+def has_exited(p) -> bool:
+    """Whether rank ``p`` has exited, without reaping it (where the OS allows)."""
+    if isinstance(p, warmstart.WarmRank):  # the server keeps it unreaped until we say so
+        return p.exited()
+    if not hasattr(os, "waitid"):  # e.g. macOS: this reaps, so no group sweep follows
+        return p.poll() is not None
+    try:
+        return os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped elsewhere already
+        return p.poll() is not None
+
+
+def killpg(p, sig: int) -> None:
+    """Signal the process group of rank ``p``, only while ``p`` is not reaped (its pid is ours)."""
+    if p.returncode is not None or getattr(p, "lost", False):
+        return
+    try:
+        os.killpg(p.pid, sig)  # the group: the rank and anything it started
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def sweep(p) -> None:
+    """Kill what an exited, unreaped rank ``p`` left in its group (e.g. a DataLoader worker), then forget it."""
+    if not getattr(p, "lost", False):  # a lost warm rank's pid may be another's by now
+        killpg(p, signal.SIGKILL)
+        wait_for_members(p.pid, time.monotonic() + KILL_WAIT_S)
+    _tell_keeper("-", p.pid)  # before the reap: until then the group id is ours
+
+
+# -- The group keeper's client ------------------------------------------------------
+_KEEPER: Optional[subprocess.Popen] = None
+_KEEPER_OWNER: Optional[int] = None
+_KEEPER_LOCK = threading.Lock()
+_KEPT: Set[int] = set()  # groups told to the keeper and not yet swept
+_KEPT_OWNER: Optional[int] = None  # the process that started them
+
+
+def keeper_pid() -> Optional[int]:
+    """The pid of this process's group keeper (``group_keeper.py``), if one runs."""
+    if _KEEPER is not None and _KEEPER_OWNER == os.getpid() and _KEEPER.poll() is None:
+        return _KEEPER.pid
+    return None
+
+
+def _tell_keeper(sign: str, pgid: int) -> None:
+    """Tell the group keeper that group ``pgid`` started (``"+"``) or was swept (``"-"``).
+
+    Starts the keeper (again) if need be; a new one is told every group still listed.
+    Without a keeper (it cannot be started) launches work as before: the ranks still
+    die with this process, only what they started may outlive it.
+    """
+    global _KEEPER, _KEEPER_OWNER, _KEPT_OWNER
+    with _KEEPER_LOCK:
+        if _KEPT_OWNER != os.getpid():  # we are a fork: the groups listed are our parent's
+            _KEPT.clear()
+            _KEPT_OWNER = os.getpid()
+        (_KEPT.add if sign == "+" else _KEPT.discard)(pgid)
+        line = f"{sign}{pgid}\n"
+        for _ in range(2):
+            if keeper_pid() is None:  # none yet, it died, or we are a fork of its owner
+                try:
+                    _KEEPER = subprocess.Popen([sys.executable, "-I", "-S", KEEPER_SCRIPT],
+                                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                               stderr=subprocess.DEVNULL, start_new_session=True)
+                except OSError:
+                    _KEEPER = None
+                    return
+                _KEEPER_OWNER = os.getpid()
+                line = "".join(f"+{g}\n" for g in sorted(_KEPT))  # every listed group, this one included
+            try:
+                _KEEPER.stdin.write(line.encode())
+                _KEEPER.stdin.flush()
+                return
+            except (OSError, ValueError):  # it died: start another, which gets every listed group
+                _KEEPER = None
+
+
+@atexit.register  # registered before the groups' own handler, so it runs after it
+def _release_keeper() -> None:
+    """At exit, after the groups were stopped: the keeper reads EOF, finds nothing left, exits."""
+    if keeper_pid() is not None:
+        try:
+            _KEEPER.stdin.close()
+            _KEEPER.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass

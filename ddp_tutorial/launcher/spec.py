@@ -1,0 +1,248 @@
+"""What one launch is: ``LaunchSpec``, built from ``launch()``'s arguments once, every input checked.
+
+Like torchrun's ``WorkerSpec``: the rest of the package reads the spec and never
+sees a raw argument. ``LaunchSpec.build`` refuses bad input with a
+``LaunchConfigError`` before any process starts; its last step claims the run
+folder, so a spec that exists owns its folder.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import numbers
+import os
+import sys
+from collections.abc import Mapping, Sequence as SequenceABC
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from ddp_tutorial import runfolder
+from ddp_tutorial.backend import BACKENDS
+from ddp_tutorial.launcher.errors import LaunchConfigError
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+#: What every rank runs first (``python -u BOOTSTRAP SCRIPT ARGS``); it then runs the script.
+BOOTSTRAP = str(PACKAGE_DIR / "rank" / "bootstrap.py")
+#: More ranks than this on one machine is a typo, not a plan.
+MAX_WORLD_SIZE = 1024
+ECHOES = ("all", "rank0", "none")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One launch, checked: what to run, on how many ranks, where the results go, and how to guard it.
+
+    Attributes:
+        target: the script, ``(path,)`` or ``("-m", module)``; ``args``: its arguments.
+        world_size: ranks to start; ``run_dir``: the claimed run folder.
+        backend: "auto", "gloo" or "nccl" (train.py's own ``--backend`` wins).
+        env: extra variables for the ranks, over ours.
+        timeout, grace: seconds for the whole launch; between SIGTERM and SIGKILL.
+        echo: "all", "rank0" or "none"; max_restarts: as torchrun's ``--max-restarts``.
+        master_port: a fixed store port, or None (``launch`` binds one itself).
+        warm: True, False or None (warm unless ``DDP_TUTORIAL_WARM=0``).
+    """
+
+    target: Tuple[str, ...]
+    world_size: int
+    run_dir: Path
+    args: Tuple[str, ...] = ()
+    backend: str = "auto"
+    env: Mapping = field(default_factory=lambda: MappingProxyType({}))
+    timeout: float = 120.0
+    grace: float = 1.0
+    echo: str = "all"
+    max_restarts: int = 0
+    master_port: Optional[int] = None
+    warm: Optional[bool] = None
+
+    @property
+    def cmd(self) -> List[str]:
+        """Every rank's command line: the bootstrap, then the script and its arguments."""
+        return [sys.executable, "-u", BOOTSTRAP, *self.target, *self.args]
+
+    @classmethod
+    def build(cls, script, world_size, args=(), *, timeout, backend, run_dir, env, echo,
+              max_restarts, master_port, grace, warm) -> "LaunchSpec":
+        """Check ``launch()``'s arguments (the first bad one is refused), then claim the run folder.
+
+        Raises:
+            LaunchConfigError: the first bad input; nothing was started and no folder made.
+        """
+        world_size = _integer("world_size", world_size, 1, MAX_WORLD_SIZE)
+        timeout = _seconds("timeout", timeout, positive=True)
+        grace = _seconds("grace", grace, positive=False)
+        backend = _choice("backend", backend, BACKENDS)
+        echo = _choice("echo", echo, ECHOES)
+        max_restarts = _integer("max_restarts", max_restarts, 0)
+        if warm is not None and not isinstance(warm, bool):
+            raise _refuse("warm", "True, False or None", warm)
+        if master_port is not None:
+            master_port = _integer("master_port", master_port, 1, 65535)
+        args = _args_param(args)
+        extra_env = _env_param(env)
+        target = _resolve_script(script)
+        run_dir_name = "run_dir"
+        check = _ARG_CHECKS.get(tuple(target))
+        if check is not None:
+            try:
+                backend, run_dir, run_dir_name = check(args, world_size, backend, run_dir)
+            except ValueError as exc:
+                raise LaunchConfigError(str(exc)) from None
+        if backend == "nccl":
+            check_nccl(world_size)
+        stem = Path(target[-1]).stem if target[0] != "-m" else target[1].rsplit(".", 1)[-1]
+        if run_dir is not None:
+            run_dir = _path_text(run_dir_name, run_dir)  # as given: train.py does not expand ~ either
+        try:
+            run_dir = runfolder.claim(run_dir, stem, run_dir_name,
+                                      {"script": target, "world_size": world_size, "args": args})
+        except runfolder.RunFolderError as exc:
+            raise LaunchConfigError(str(exc)) from None
+        return cls(tuple(target), world_size, run_dir, tuple(args), backend, MappingProxyType(extra_env),
+                   timeout, grace, echo, max_restarts, master_port, warm)
+
+
+def scripts_path(name: str) -> str:
+    """Path of one of the kit's worker scripts by file name, e.g. ``scripts_path("hello.py")``.
+
+    They live in the ``workers/`` folders beside the lesson that starts them.
+    """
+    found = sorted(PACKAGE_DIR.glob(f"**/workers/{name}"))
+    if len(found) != 1:
+        raise FileNotFoundError(f"{len(found)} worker scripts named {name!r} in {PACKAGE_DIR}")
+    return str(found[0])
+
+
+#: Argument checks for scripts whose flags can be checked in the kernel, before
+#: anything starts: ``tuple(command target) -> check(args, world_size, backend, run_dir)``.
+_ARG_CHECKS: Dict[Tuple[str, ...], Callable] = {}
+
+
+def check_args_with(targets: Sequence[Sequence[str]], check: Callable) -> None:
+    """Register ``check`` for a script's arguments; ``launch`` calls it before it starts anything.
+
+    Args:
+        targets: the script as ``launch`` resolves it, each form (``[path]``, ``["-m", module]``).
+        check: ``check(args, world_size, backend, run_dir) -> (backend, run_dir, run_dir_name)``;
+            it raises ``ValueError`` for bad arguments, and may take the backend or
+            the run folder from them (``run_dir_name`` names where the folder came from).
+    """
+    for target in targets:
+        _ARG_CHECKS[tuple(target)] = check
+
+
+def check_nccl(world_size: int) -> None:
+    """Refuse nccl unless every rank can have a GPU of its own (imports torch, only for nccl)."""
+    from ddp_tutorial.backend import choose_backend, gpu_count
+
+    try:
+        choose_backend("nccl", gpu_count(), world_size)
+    except ValueError as exc:
+        raise LaunchConfigError(str(exc)) from None
+
+
+# -- One check per kind of input ----------------------------------------------------
+def _refuse(name: str, allowed: str, value) -> LaunchConfigError:
+    return LaunchConfigError(f"{name} must be {allowed}, got {value!r}")
+
+
+def _integer(name: str, value, low: int, high: Optional[int] = None) -> int:
+    """``value`` as an int in ``[low, high]``; bools, floats and strings are refused."""
+    allowed = f"an integer >= {low}" + (f" and <= {high}" if high is not None else "")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise _refuse(name, allowed, value)
+    if value < low or (high is not None and value > high):
+        raise _refuse(name, allowed, value)
+    return int(value)
+
+
+def _seconds(name: str, value, positive: bool) -> float:
+    """``value`` as a finite number of seconds, > 0 (``positive``) or >= 0."""
+    allowed = "a finite number of seconds " + ("> 0" if positive else ">= 0")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise _refuse(name, allowed, value)
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise _refuse(name, allowed, value)
+    return value
+
+
+def _choice(name: str, value, choices: Sequence[str]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        allowed = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
+        raise _refuse(name, allowed, value)
+    return value
+
+
+def _no_nul(name: str, text: str) -> str:
+    if "\0" in text:
+        raise LaunchConfigError(f"{name} must not contain a NUL character, got {text!r}")
+    return text
+
+
+def _path_text(name: str, value) -> str:
+    """A path given as str or os.PathLike, non-empty and without NUL."""
+    if isinstance(value, (str, os.PathLike)):
+        text = os.fspath(value)
+        if isinstance(text, str) and text.strip():
+            return _no_nul(name, text)
+    raise _refuse(name, "a non-empty path (str or os.PathLike)", value)
+
+
+def _args_param(args) -> List[str]:
+    """The argument list: strings, numbers or paths, each one argument."""
+    allowed = "a list of arguments such as ['--epochs', '2'] (strings, numbers or paths)"
+    if isinstance(args, (str, bytes)) or not isinstance(args, SequenceABC):
+        # one string would be split into characters
+        raise _refuse("args", allowed, args)
+    out = []
+    for i, arg in enumerate(args):
+        if isinstance(arg, bool) or not isinstance(arg, (str, numbers.Real, os.PathLike)):
+            raise _refuse(f"args[{i}]", "a string, a number or a path", arg)
+        text = os.fspath(arg) if isinstance(arg, os.PathLike) else str(arg)
+        if not isinstance(text, str):
+            raise _refuse(f"args[{i}]", "a string, a number or a path", arg)
+        out.append(_no_nul(f"args[{i}]", text))
+    return out
+
+
+def _env_param(env) -> Dict[str, str]:
+    """Extra environment variables: names and values are strings, names without '='."""
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise _refuse("env", "None or a dict of str -> str", env)
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+            raise _refuse("env key", "a non-empty string without '=' or NUL", key)
+        if not isinstance(value, str):
+            raise _refuse(f"env[{key!r}]", "a string (environment values are text)", value)
+        _no_nul(f"env[{key!r}]", value)
+    return dict(env)
+
+
+def _resolve_script(script) -> List[str]:
+    """``[path]`` or ``["-m", module]`` for the worker command line; checks it exists."""
+    text = _path_text("script", script).strip()
+    if text.startswith("-m "):
+        module = text[3:].strip()
+        if not all(part.isidentifier() for part in module.split(".")):
+            raise LaunchConfigError(f"script '-m {module}' does not name a module: "
+                                    "give '-m package.module'")
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except Exception:  # a parent package that fails to import: not runnable either
+            found = False
+        if not found:
+            raise LaunchConfigError(f"module {module!r} not found: cannot run `-m {module}`")
+        return ["-m", module]
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise LaunchConfigError(f"script {str(path)!r} is a folder: give a .py file path, or '-m module'")
+    if not path.is_file():
+        raise LaunchConfigError(f"script not found: {str(path)!r} (give a .py file path, or '-m module')")
+    return [str(path.resolve())]

@@ -1,0 +1,214 @@
+"""``WorkerGroup``: the ranks of one attempt, their output and their exits, watched from one thread.
+
+One ``select.poll`` covers every rank's output pipe, a pidfd per rank that becomes
+readable when the rank exits (where the OS has them), and the fork server's socket
+for warm ranks. What happens to each rank's process group is ``procgroup``'s.
+"""
+
+from __future__ import annotations
+
+import atexit
+import codecs
+import io
+import os
+import re
+import select
+import signal
+import time
+import weakref
+from typing import Dict, List, Optional, Tuple
+
+from ddp_tutorial import warmstart
+from ddp_tutorial.launcher import procgroup
+
+#: Seconds to read what the ranks wrote before they exited (what a grandchild
+#: that left their process group still holds open is not waited for longer).
+DRAIN_S = 2.0
+# torch prefixes each line of a rank's uncaught exception with "[rankN]:".
+_TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
+# Groups still running, so an exiting kernel can stop them (atexit below).
+_LIVE_GROUPS: "weakref.WeakSet[WorkerGroup]" = weakref.WeakSet()
+
+
+class WorkerGroup:
+    """The processes of one attempt, watched from the calling thread alone (no threads).
+
+    Attributes:
+        output: rank -> the lines it printed, torch's ``[rankN]:`` prefix removed.
+        exit_codes: rank -> its exit code once reaped (negative: killed by that signal), else None.
+        exit_seen: rank -> ``time.monotonic()`` when its exit was first seen (a rank killed by
+            a signal leaves no note of when it failed: this is the best time there is).
+        procs: the ranks, ``subprocess.Popen`` or ``warmstart.WarmRank`` (forked by the server).
+    """
+
+    def __init__(self, cmd: List[str], envs: List[Dict[str, str]], echo: str,
+                 store_fd: Optional[int] = None, server: Optional[warmstart.ForkServer] = None):
+        """Start one process per environment in ``envs``, each running ``cmd``.
+
+        Args:
+            echo: "all" prints every rank's lines as ``[rank r] ...``, "rank0" only rank 0's, "none" none.
+            store_fd: the store's listening socket, for rank 0.
+            server: a fork server acquired for this group (``warmstart.acquire``): the
+                ranks are forked from it; None starts them as new processes. The group
+                releases it in ``close``.
+
+        Raises:
+            warmstart.ServerUnavailable: the server failed while starting the ranks
+                (those started were stopped): start the group cold instead.
+            LaunchError: a rank could not be started (those started were stopped).
+        """
+        self.output: Dict[int, List[str]] = {r: [] for r in range(len(envs))}
+        self.exit_codes: Dict[int, Optional[int]] = {r: None for r in range(len(envs))}
+        self.exit_seen: Dict[int, float] = {}
+        self.echo = echo
+        self.procs: list = []
+        self._server = server
+        self._poll = select.poll()
+        self._server_fd: Optional[int] = None
+        if server is not None:  # the server reports each rank's exit on its socket
+            self._server_fd = server.fileno()
+            self._poll.register(self._server_fd, select.POLLIN)
+        self._pipes: Dict[int, Tuple[int, io.IncrementalNewlineDecoder, object]] = {}
+        self._pidfds: Dict[int, int] = {}
+        self._partial: Dict[int, str] = {r: "" for r in range(len(envs))}
+        _LIVE_GROUPS.add(self)
+        try:
+            cwd, umask = (os.getcwd(), _current_umask()) if server is not None else ("", 0)
+            for rank, env in enumerate(envs):
+                p = procgroup.start(rank, cmd, env, store_fd, server, cwd, umask)
+                self.procs.append(p)
+                self._watch(rank, p)
+        except BaseException:
+            self.stop(grace=0.0)
+            self.close()
+            raise
+
+    @property
+    def pids(self) -> List[int]:
+        return [p.pid for p in self.procs]
+
+    def _watch(self, rank: int, p) -> None:
+        fd = p.stdout.fileno()
+        decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder("utf-8")("replace"), True)
+        self._pipes[fd] = (rank, decoder, p.stdout)
+        self._poll.register(fd, select.POLLIN)
+        try:
+            pidfd = os.pidfd_open(p.pid)  # wakes the poll the moment the rank exits
+        except (AttributeError, OSError):  # not Linux >= 5.3: exits are seen within a poll tick
+            return
+        self._pidfds[pidfd] = rank
+        self._poll.register(pidfd, select.POLLIN)
+
+    def pump(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for output or an exit; handle every line that came."""
+        for fd, _ in self._poll.poll(max(0, int(timeout_s * 1000))):
+            if fd == self._server_fd:
+                self._server.pump()
+                if self._server.gone:  # its socket would read as ready from now on
+                    self._unwatch_server()
+            elif fd in self._pidfds:
+                self._unwatch_pidfd(fd)
+            elif fd in self._pipes:
+                rank, decoder, _ = self._pipes[fd]
+                data = os.read(fd, 65536)
+                self._feed(rank, decoder.decode(data, final=not data))
+                if not data:  # EOF: the rank and everything that shared its output closed it
+                    self._close_pipe(fd)
+
+    def _feed(self, rank: int, text: str) -> None:
+        lines = (self._partial[rank] + text).split("\n")
+        self._partial[rank] = lines.pop()
+        for line in lines:
+            self._line(rank, line)
+
+    def _line(self, rank: int, line: str) -> None:
+        line = _TORCH_RANK_PREFIX.sub("", line)  # we say "[rank r]" already
+        self.output[rank].append(line)
+        if self.echo == "all" or (self.echo == "rank0" and rank == 0):
+            print(f"[rank {rank}] {line}", flush=True)
+
+    def _close_pipe(self, fd: int) -> None:
+        rank, _, stream = self._pipes.pop(fd)
+        self._poll.unregister(fd)
+        stream.close()
+        if self._partial[rank]:  # a last line without a newline
+            self._line(rank, self._partial[rank])
+            self._partial[rank] = ""
+
+    def _unwatch_pidfd(self, fd: int) -> None:
+        self._pidfds.pop(fd)
+        self._poll.unregister(fd)
+        os.close(fd)
+
+    def reap(self) -> None:
+        """Record the exit of every rank that ended, after killing what it left in its process group.
+
+        The sweep happens while the rank is a zombie (seen with ``WNOWAIT``): its pid,
+        and so its group id, cannot belong to anyone else until it is reaped.
+        """
+        for rank, p in enumerate(self.procs):
+            if p.returncode is not None or not procgroup.has_exited(p):
+                continue
+            self.exit_seen.setdefault(rank, time.monotonic())
+            procgroup.sweep(p)
+            p.wait()  # it has exited: returns at once
+            self.exit_codes[rank] = p.returncode
+        if all(p.returncode is not None for p in self.procs):
+            _LIVE_GROUPS.discard(self)
+
+    def done(self) -> bool:
+        """Whether every rank has been reaped."""
+        return all(p.returncode is not None for p in self.procs)
+
+    def wait(self, deadline: float) -> bool:
+        """Handle output and exits until every rank is reaped or ``deadline``; True if all were."""
+        while True:
+            self.reap()
+            left = deadline - time.monotonic()
+            if self.done() or left <= 0:
+                return self.done()
+            self.pump(min(0.05, left))
+
+    def stop(self, grace: float = 1.0) -> None:
+        """SIGTERM every live rank's process group, then SIGKILL what is left after ``grace`` s."""
+        for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, procgroup.KILL_WAIT_S)):
+            self.reap()
+            live = [p for p in self.procs if p.returncode is None]
+            if not live:
+                return
+            for p in live:
+                procgroup.killpg(p, sig)
+            if self.wait(time.monotonic() + wait_s):
+                return
+
+    def close(self, drain_s: float = DRAIN_S) -> None:
+        """Read what is left in the pipes (up to ``drain_s``), then close every descriptor."""
+        end = time.monotonic() + drain_s
+        while self._pipes and time.monotonic() < end:
+            self.pump(min(0.05, end - time.monotonic()))
+        for fd in list(self._pipes):
+            self._close_pipe(fd)
+        for fd in list(self._pidfds):
+            self._unwatch_pidfd(fd)
+        if self._server is not None:
+            self._unwatch_server()
+            warmstart.release(self._server)
+            self._server = None
+
+    def _unwatch_server(self) -> None:
+        if self._server_fd is not None:
+            self._poll.unregister(self._server_fd)
+            self._server_fd = None
+
+
+def _current_umask() -> int:
+    umask = os.umask(0o022)  # reading it means setting it: put it straight back
+    os.umask(umask)
+    return umask
+
+
+@atexit.register  # after procgroup's: atexit runs it first, so the keeper is released last
+def _stop_all_groups() -> None:
+    for group in list(_LIVE_GROUPS):
+        group.stop(grace=0.5)
+        group.close(drain_s=0.0)
