@@ -122,3 +122,11 @@ def test_notebook_imports_no_rank_code(path):
         code = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
         found += [name for name in imported_names(ast.parse(code)) if is_rank_module(name)]
     assert found == [], f"{path.name} imports rank code: use lessons.script_source to show it"
+
+
+def test_scripts_written_before_the_task_moved_to_workers_still_import_it():
+    # A learner's my_work/ copy of an older skeleton says `from ddp_tutorial.exercises import task`.
+    code = "from ddp_tutorial.exercises import reference, task; print(task.__name__, reference.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=ROOT, check=True).stdout.split()
+    assert out == ["ddp_tutorial.exercises.workers.task", "ddp_tutorial.exercises.workers.reference"]
