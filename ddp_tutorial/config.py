@@ -1,4 +1,4 @@
-"""Command-line flags of the training script, their checks, and the original demo's mistakes.
+"""Command-line flags of the training script and their checks.
 
 This module imports no torch, so a run's flags are checked in the notebook
 kernel (cheaply) before any worker process starts: ``launch_settings`` is what
@@ -10,66 +10,18 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 from ddp_tutorial.backend import BACKENDS
+from ddp_tutorial.checkpoint_settings import CheckpointError, check_settings, settings_of
+# MISTAKES and Mistake live in ddp_tutorial.mistakes; still importable from here, as before.
+from ddp_tutorial.mistakes import BUGS, MISTAKES, Mistake  # noqa: F401
 from ddp_tutorial.runfolder import rank_run_dir
 
 #: The training script, as a file path (``launch(TRAIN_SCRIPT, 4, [...])``) and as a module.
 TRAIN_SCRIPT = str(Path(__file__).resolve().with_name("train.py"))
 TRAIN_MODULE = "ddp_tutorial.train"
-
-
-@dataclass(frozen=True)
-class Mistake:
-    """One mistake of the original demo: what goes wrong, the fix, and where it is measured.
-
-    Attributes:
-        name: the ``--bug NAME`` that reproduces it (or, for a mistake in how the
-            original launches, a name for the table).
-        what: what goes wrong.
-        fix: what the kit does instead.
-        notebooks: the notebooks that measure it, e.g. "04" or "01, 05".
-        function: the train.py function whose original version (``ddp_tutorial.rank.original``)
-            ``--bug NAME`` runs; None for a mistake the launcher fixes, not train.py.
-    """
-
-    name: str
-    what: str
-    fix: str
-    notebooks: str
-    function: Optional[str] = None
-
-
-#: Every mistake of the original demo, in the order its code makes them. The
-#: ``--bug`` choices, notebook 00's table and the README's table come from this list.
-MISTAKES = (
-    Mistake("hard-coded-port", "MASTER_PORT=12345 for every run, so two jobs at once collide",
-            "a free port per launch", "01, 05"),
-    Mistake("default-threads", "8 processes with torch's default thread count each, on a small machine",
-            "one torch thread per rank", "01"),
-    Mistake("per-rank-data", "every rank draws its own random data",
-            "one dataset from a seed all ranks share; the sampler splits it", "03", "make_inputs"),
-    Mistake("no-set-epoch", "sampler.set_epoch(epoch) is never called, so every epoch repeats one order",
-            "start_epoch calls it at the start of every epoch", "03", "start_epoch"),
-    Mistake("random-labels", "fresh random labels every step, so there is nothing to learn",
-            "targets from a fixed, seeded teacher network", "00, 04", "loss_fn"),
-    Mistake("sync-schedule", "sync and step on step % K == 0, so the first update follows one micro-batch, "
-            "an epoch's last micro-batches join the next epoch's first update, and the last epoch's are "
-            "never applied",
-            "sync on the last micro-batch of each window of K; a shorter last window still steps",
-            "04", "sync_schedule"),
-    Mistake("forward-outside-no-sync", "forward() runs outside no_sync(), so no_sync() skips nothing",
-            "forward and backward both inside no_sync()", "04", "micro_step"),
-    Mistake("loss-not-scaled", "the loss is not divided by K, so the accumulated gradient is K times "
-            "too large", "each loss divided by its window's size: one K times larger batch, exactly",
-            "04", "loss_divisors"),
-)
-
-#: ``--bug NAME`` -> what goes wrong: the mistakes train.py can reproduce.
-BUGS = {m.name: m.what for m in MISTAKES if m.function}
 
 
 #: Upper limits of flags whose larger values only ever come from a typo.
@@ -215,16 +167,12 @@ def validate(args: argparse.Namespace, world_size: int) -> argparse.Namespace:
 
 def _check_checkpoint(args: argparse.Namespace, world_size: int) -> None:
     """An existing ``--checkpoint`` must be one, made with this run's settings (read without torch)."""
-    from ddp_tutorial.rank import checkpoint
-
     path = _path("--checkpoint", args.checkpoint, folder=False)
     if not path.exists():
         return
-    now = {"world_size": world_size, "batch_size": args.batch_size, "accum_steps": args.accum_steps,
-           "dataset_size": args.dataset_size, "seed": args.seed}
     try:
-        checkpoint.check_settings(path, now)
-    except checkpoint.CheckpointError as exc:
+        check_settings(path, settings_of(args, world_size))
+    except CheckpointError as exc:
         raise ConfigError(f"--checkpoint: {exc}") from None
 
 

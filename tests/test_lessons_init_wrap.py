@@ -13,7 +13,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 import ddp_tutorial  # noqa: E402
-from ddp_tutorial import config, plots  # noqa: E402
+from ddp_tutorial import mistakes, plots  # noqa: E402
 from ddp_tutorial import lessons as common  # noqa: E402
 from ddp_tutorial.lessons import init_wrap as lessons  # noqa: E402
 from conftest import processes_of_run  # noqa: E402
@@ -146,7 +146,7 @@ def test_every_rank_sees_the_same_buckets(wrap_run):
 # -- helpers without a launch ------------------------------------------------------
 def test_every_bug_flag_has_a_lesson():
     names = {m.name for m in common.mistakes()}
-    assert set(config.BUGS) <= names
+    assert set(mistakes.BUGS) <= names
     assert {"hard-coded-port", "default-threads"} <= names
     table = common.format_mistakes()
     assert all(name in table for name in names)
@@ -155,7 +155,7 @@ def test_every_bug_flag_has_a_lesson():
 def test_the_readme_table_of_mistakes_is_built_from_the_one_list():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert common.mistakes_markdown() in readme
-    assert all(f"`--bug {name}`" in readme for name in config.BUGS)
+    assert all(f"`--bug {name}`" in readme for name in mistakes.BUGS)
 
 
 def test_script_source_reads_without_importing():

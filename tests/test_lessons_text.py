@@ -2,12 +2,14 @@
 
 import re
 
-from ddp_tutorial import config, lessons
+import pytest
+
+from ddp_tutorial import config, lessons, mistakes
 from ddp_tutorial.lessons import data_sync, init_wrap
 
 
 def test_mistake_diff_shows_only_real_changes():
-    for mistake in config.MISTAKES:
+    for mistake in mistakes.MISTAKES:
         if not mistake.function:
             continue
         text = lessons.mistake_diff(mistake.name)
@@ -56,3 +58,18 @@ def test_init_split_reports_which_part_was_larger():
 def test_default_lr_is_train_py_default_and_window_means():
     assert data_sync.default_lr() == config.build_parser().parse_args([]).lr == 0.05
     assert data_sync.window_means([1, 2, 3, 4, 5], 2) == [1.5, 3.5, 5.0]
+
+
+def test_script_function_runs_a_scripts_own_code_without_importing_it():
+    from ddp_tutorial import train  # here only to compare: the kernel never imports it
+    from ddp_tutorial.rank import original
+
+    for path, module in ((config.TRAIN_SCRIPT, train), (lessons.ORIGINAL_SCRIPT, original)):
+        schedule = lessons.script_function(path, "sync_schedule")
+        assert schedule is not module.sync_schedule
+        for n, k in ((10, 4), (8, 4), (5, 1), (7, 3), (1, 4)):
+            assert schedule(n, k) == module.sync_schedule(n, k), (path, n, k)
+    with pytest.raises(NameError):  # it needs the script's globals (torch): not for that
+        lessons.script_function(lessons.ORIGINAL_SCRIPT, "loss_fn")(None, None)
+    with pytest.raises(ValueError, match="no function"):
+        lessons.script_function(config.TRAIN_SCRIPT, "no_such_function")

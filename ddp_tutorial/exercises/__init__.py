@@ -13,14 +13,16 @@ its gradient all-reduces, DistributedSampler, no_sync, optimizer steps,
 torch.save, destroy_process_group) and judges only what it measured: any
 correct script passes, whatever its shape. It never raises for a wrong,
 crashing, hanging or missing script; it reports. The scripts share one fixed
-task (``task.py``: model, data, loss, settings), so a check can compute what
+task (``workers/task.py``: model, data, loss, settings), so a check can compute what
 one process would have computed, and the results of typical mistakes.
 
-Importing this module does not import torch: only the ranks do.
+Importing this module does not import torch: only the ranks do. The scripts the
+ranks run (the harness, the task, the references) are in ``workers/``.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import tempfile
 import textwrap
@@ -183,7 +185,7 @@ def check(name: str, path=None, timeout: float = DEFAULT_TIMEOUT_S, echo: str = 
     _known(name)
     t0 = time.monotonic()
     script = Path(path) if path is not None else Path(my_work()) / f"{name}.py"
-    attempts: List[runs.Attempt] = []
+    attempts: List[runs.HarnessRun] = []
     if not script.is_file():
         criteria = [judge.Criterion("the script exists", False,
                                     f"no file at {script}: run exercises.start({name!r}) first")]
@@ -203,7 +205,7 @@ def _run_folder(name: str) -> Path:
 
 
 def _run_and_judge(name: str, script: Path, timeout: float, echo: str, folder: Path,
-                   attempts: List[runs.Attempt]) -> List[judge.Criterion]:
+                   attempts: List[runs.HarnessRun]) -> List[judge.Criterion]:
     if name == "teardown":
         normal = runs.run_launch(name, script, folder / "run", timeout, WORLD_SIZE, echo=echo)
         attempts.append(normal)
@@ -261,6 +263,14 @@ def _result(name: str, script: Path, criteria: List[judge.Criterion], pids: List
                  f"not yet: {ok} of {len(criteria)} criteria pass"
                  + (f", {unknown} not measured" if unknown else "") + f". A hint: exercises.hint({name!r})")
     return CheckResult(name, passed, "\n".join(lines), [tuple(c) for c in criteria], pids, seconds)
+
+
+def __getattr__(name: str):
+    """``from ddp_tutorial.exercises import task`` (or ``reference``): the rank-side module, imported
+    only when asked, so scripts written before they moved to ``workers/`` still run."""
+    if name in ("task", "reference"):
+        return importlib.import_module(f"ddp_tutorial.exercises.workers.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["NAMES", "SOLUTIONS_DIR", "SKELETONS_DIR", "CheckResult", "start", "check", "hint", "solution",

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from ddp_tutorial.exercises.runs import Attempt, process_alive
-from ddp_tutorial.lessons import port_can_be_bound as port_free
+from ddp_tutorial.exercises.runs import HarnessRun, process_alive
+from ddp_tutorial.lessons import port_can_be_bound
 from ddp_tutorial.exercises.settings import ACCUM_STEPS, EPOCHS, FAIL_AT_CALL, FAIL_RANK
 
 #: Parameters closer than this count as equal (float32 sums in another order differ by ~1e-7).
@@ -54,7 +54,7 @@ class Criterion(NamedTuple):
 
 
 #: A criterion judged from every rank's ``final`` record: (attempt, finals by rank) -> Criterion.
-FinalsJudge = Callable[[Attempt, Dict[int, dict]], Criterion]
+FinalsJudge = Callable[[HarnessRun, Dict[int, dict]], Criterion]
 
 
 def max_difference(a: Optional[Sequence[float]], b: Optional[Sequence[float]]) -> float:
@@ -72,7 +72,7 @@ def ranks_text(ranks: Sequence[int]) -> str:
     return ", ".join(f"rank {r}" for r in ranks)
 
 
-def judged_from_finals(attempt: Attempt, judges: Sequence[Tuple[str, FinalsJudge]]) -> List[Criterion]:
+def judged_from_finals(attempt: HarnessRun, judges: Sequence[Tuple[str, FinalsJudge]]) -> List[Criterion]:
     """``(name, judge)`` pairs judged on every rank's final record; "not measured" where a rank has none."""
     finals = attempt.finals()
     if len(finals) < attempt.world_size:
@@ -81,7 +81,7 @@ def judged_from_finals(attempt: Attempt, judges: Sequence[Tuple[str, FinalsJudge
 
 
 # -- Common criteria ---------------------------------------------------------
-def where_it_waits(attempt: Attempt, rank: int) -> Optional[str]:
+def where_it_waits(attempt: HarnessRun, rank: int) -> Optional[str]:
     """The collective (or rendezvous) a rank still running at the deadline was waiting in, if any."""
     records = attempt.records.get(rank, [])
     entered = {r["n"]: r["op"] for r in records if r.get("event") == "collective_enter"}
@@ -95,18 +95,18 @@ def where_it_waits(attempt: Attempt, rank: int) -> Optional[str]:
     return None
 
 
-def collective_calls(attempt: Attempt, rank: int) -> List[str]:
+def collective_calls(attempt: HarnessRun, rank: int) -> List[str]:
     """The collectives the script called on ``rank``, in order (entered, whether or not they returned)."""
     return [r["op"] for r in attempt.events(rank, "collective_enter")]
 
 
-def ended_on_its_own(attempt: Attempt, rank: int) -> bool:
+def ended_on_its_own(attempt: HarnessRun, rank: int) -> bool:
     """The rank's script ran to its end without raising: what it never called, it never would have."""
     final = attempt.final(rank)
     return final is not None and not final.get("error")
 
 
-def first_collective_difference(attempt: Attempt) -> Optional[str]:
+def first_collective_difference(attempt: HarnessRun) -> Optional[str]:
     """Where the ranks' sequences of collective calls first differ, in words; None where they agree.
 
     A rank that crashed, or was stopped, before a call is not said to have skipped it:
@@ -142,7 +142,7 @@ def ordinal(n: int) -> str:
 IN_PLACE = ("all_reduce", "broadcast")
 
 
-def used_a_return_value(attempt: Attempt) -> Optional[str]:
+def used_a_return_value(attempt: HarnessRun) -> Optional[str]:
     """What to say when a rank failed using an in-place collective's return value (None, or a Work)."""
     rank = attempt.failed_rank
     error = (attempt.final(rank) or {}).get("error") if rank is not None else None
@@ -159,7 +159,7 @@ def used_a_return_value(attempt: Attempt) -> Optional[str]:
             f"call dist.{op}(value), then read value")
 
 
-def ran_to_end(attempt: Attempt, name: str = RAN_TO_END) -> Criterion:
+def ran_to_end(attempt: HarnessRun, name: str = RAN_TO_END) -> Criterion:
     """Every rank exited 0; else who failed with what, or who was still running at the deadline."""
     if attempt.finished:
         return Criterion(name, True, f"{plural(attempt.world_size, 'rank')}, exit code 0, {attempt.seconds:.1f} s")
@@ -179,7 +179,7 @@ def ran_to_end(attempt: Attempt, name: str = RAN_TO_END) -> Criterion:
     return Criterion(name, False, f"{attempt.failure}: {'; '.join(parts)}. {advice}; all ranks were stopped")
 
 
-def not_measured(name: str, attempt: Attempt, why: str = "") -> Criterion:
+def not_measured(name: str, attempt: HarnessRun, why: str = "") -> Criterion:
     why = why or ("the run stopped early" if not attempt.finished else "nothing was recorded")
     return Criterion(name, False, f"{NOT_MEASURED}{why}")
 
@@ -188,7 +188,7 @@ def not_measured(name: str, attempt: Attempt, why: str = "") -> Criterion:
 NOT_MEASURED = "not measured: "
 
 
-def absent(name: str, attempt: Attempt, detail: str) -> Criterion:
+def absent(name: str, attempt: HarnessRun, detail: str) -> Criterion:
     """A criterion that failed for want of something the script never did.
 
     In a run that stopped early (a crash, a deadline) the script may simply not
@@ -200,7 +200,7 @@ def absent(name: str, attempt: Attempt, detail: str) -> Criterion:
 
 
 # -- init --------------------------------------------------------------------
-def hard_coded_rank(attempt: Attempt, called: Dict[int, List[dict]]) -> Optional[str]:
+def hard_coded_rank(attempt: HarnessRun, called: Dict[int, List[dict]]) -> Optional[str]:
     """What was wrong if init_process_group got a rank= or world_size= other than the launcher's."""
     for rank in attempt.ranks:
         if not called[rank]:
@@ -217,7 +217,7 @@ def hard_coded_rank(attempt: Attempt, called: Dict[int, List[dict]]) -> Optional
     return None
 
 
-def joined_one_group(attempt: Attempt) -> Criterion:
+def joined_one_group(attempt: HarnessRun) -> Criterion:
     world = attempt.world_size
     called = {r: attempt.events(r, "init_called") for r in attempt.ranks}
     joined = {r: attempt.events(r, "init") for r in attempt.ranks}
@@ -238,7 +238,7 @@ def joined_one_group(attempt: Attempt) -> Criterion:
     return Criterion(JOINED, False, f"{seen}, not one group of {world}")
 
 
-def meets_at_launcher(attempt: Attempt) -> Criterion:
+def meets_at_launcher(attempt: HarnessRun) -> Criterion:
     calls = [events[-1] for r in attempt.ranks if (events := attempt.events(r, "init_called"))]
     if not calls:
         return not_measured(MEETS_AT_LAUNCHER, attempt, "init_process_group was never called")
@@ -254,7 +254,7 @@ def meets_at_launcher(attempt: Attempt) -> Criterion:
                                               f"{calls[0]['init_method'] or 'env://'}")
 
 
-def all_reduce_sum(attempt: Attempt) -> Criterion:
+def all_reduce_sum(attempt: HarnessRun) -> Criterion:
     world = attempt.world_size
     expected = world * (world + 1) / 2
     problems = []
@@ -281,7 +281,7 @@ def all_reduce_sum(attempt: Attempt) -> Criterion:
                      "; ".join(problems) or f"{expected:g} on {plural(world, 'rank')}")
 
 
-def judge_init(attempt: Attempt) -> List[Criterion]:
+def judge_init(attempt: HarnessRun) -> List[Criterion]:
     return [ran_to_end(attempt), joined_one_group(attempt), meets_at_launcher(attempt), all_reduce_sum(attempt),
             destroyed_everywhere(attempt)]
 
@@ -316,7 +316,7 @@ def first_step_that_differs(finals: Dict[int, dict]) -> Optional[str]:
     return None
 
 
-def wrapped(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+def wrapped(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     unwrapped = [r for r, f in finals.items() if not f["ddp_wraps"]]
     if not unwrapped:
         return Criterion(WRAPPED, True, "DDP built on every rank")
@@ -327,7 +327,7 @@ def wrapped(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
                                      "model = DDP(model) before training")
 
 
-def same_after_wrap(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+def same_after_wrap(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     unwrapped = [r for r, f in finals.items() if not f["ddp_wraps"]]
     if unwrapped:
         return not_measured(SAME_AFTER_WRAP, attempt, f"no DDP model on {ranks_text(unwrapped)}")
@@ -337,7 +337,7 @@ def same_after_wrap(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
                      else f"they differ by up to {d:.3g} right after DDP was built")
 
 
-def same_after_steps(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+def same_after_steps(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     idle = [r for r, f in finals.items() if not f["optimizer_steps"]]
     if idle:
         return absent(SAME_AFTER_STEPS, attempt, f"no optimizer step ran on {ranks_text(idle)}")
@@ -349,13 +349,13 @@ def same_after_steps(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
     return Criterion(SAME_AFTER_STEPS, True, f"{plural(finals[0]['optimizer_steps'], 'step')} alike")
 
 
-def judge_wrap(attempt: Attempt) -> List[Criterion]:
+def judge_wrap(attempt: HarnessRun) -> List[Criterion]:
     return [ran_to_end(attempt)] + judged_from_finals(attempt, [
         (WRAPPED, wrapped), (SAME_AFTER_WRAP, same_after_wrap), (SAME_AFTER_STEPS, same_after_steps)])
 
 
 # -- sampler -----------------------------------------------------------------
-def same_dataset(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+def same_dataset(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     prints = {}
     for rank, final in finals.items():
         sources = final["sampler_iterations"] or final["loader_iterations"]
@@ -372,7 +372,7 @@ def same_dataset(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
           "a DistributedSampler shards one dataset, it cannot make different ones agree"))
 
 
-def shards(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+def shards(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     """Each epoch, the ranks' DistributedSampler indices are disjoint and cover the dataset."""
     iterations = {r: f["sampler_iterations"] for r, f in finals.items()}
     without = [r for r, its in iterations.items() if not its]
@@ -395,7 +395,7 @@ def shards(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
     return Criterion(SHARDS, True, f"{size} samples, {len(iterations[0][0]['indices'])} per rank per epoch")
 
 
-def reshuffled(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+def reshuffled(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     """The sampler's order changes from epoch to epoch (set_epoch)."""
     its = finals[0]["sampler_iterations"]
     if not its:
@@ -415,13 +415,13 @@ def reshuffled(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
                                         "give DistributedSampler shuffle=True")
 
 
-def judge_sampler(attempt: Attempt) -> List[Criterion]:
+def judge_sampler(attempt: HarnessRun) -> List[Criterion]:
     return [ran_to_end(attempt)] + judged_from_finals(attempt, [
         (SAME_DATASET, same_dataset), (SHARDS, shards), (RESHUFFLED, reshuffled)])
 
 
 # -- no_sync -----------------------------------------------------------------
-def one_allreduce_per_step(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+def one_allreduce_per_step(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     """Bucket all-reduces (counted by the comm hook) == optimizer steps x buckets, on every rank."""
     for rank, f in sorted(finals.items()):
         if not f["ddp_wraps"]:
@@ -486,7 +486,7 @@ def where_the_tail_went(epochs: List[Tuple[int, int]], steps: List[int]) -> Opti
     return None
 
 
-def k_micro_steps(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+def k_micro_steps(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     """Each epoch's optimizer steps come after every K-th micro-batch and after its last, on every rank."""
     for rank, f in sorted(finals.items()):
         epochs, steps = epochs_of(f), f.get("forwards_at_step", [])
@@ -525,7 +525,7 @@ MISTAKE_RESULTS = {
 }
 
 
-def same_as_one_process(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+def same_as_one_process(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     """Final parameters on every rank equal the one-process reference rank 0 computed."""
     rank0 = finals[0]
     if "references" not in rank0:
@@ -551,7 +551,7 @@ def same_as_one_process(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
     return Criterion(SAME_AS_ONE_PROCESS, False, detail)
 
 
-def judge_no_sync(attempt: Attempt) -> List[Criterion]:
+def judge_no_sync(attempt: HarnessRun) -> List[Criterion]:
     return [ran_to_end(attempt)] + judged_from_finals(attempt, [
         (ONE_ALLREDUCE_PER_STEP, one_allreduce_per_step), (K_MICRO_STEPS, k_micro_steps),
         (SAME_AS_ONE_PROCESS, same_as_one_process)])
@@ -562,7 +562,7 @@ def judge_no_sync(attempt: Attempt) -> List[Criterion]:
 TEARDOWN_RULE = ("Call destroy_process_group() in finally, on every path; with gloo it returns promptly even "
                  "if a peer died; with nccl a stuck collective must be aborted first (the watchdog / "
                  "TORCH_NCCL_ASYNC_ERROR_HANDLING)")
-def destroyed_everywhere(attempt: Attempt) -> Criterion:
+def destroyed_everywhere(attempt: HarnessRun) -> Criterion:
     problems = []
     for rank in attempt.ranks:
         final = attempt.final(rank)
@@ -579,7 +579,7 @@ def destroyed_everywhere(attempt: Attempt) -> Criterion:
     return Criterion(DESTROYED, False, f"{'; '.join(problems)}: {advice}")
 
 
-def nothing_left(attempts: Sequence[Attempt]) -> Criterion:
+def nothing_left(attempts: Sequence[HarnessRun]) -> Criterion:
     pids = [pid for a in attempts for pid in a.pids]
     left = [pid for pid in pids if process_alive(pid)]
     if left:
@@ -587,15 +587,15 @@ def nothing_left(attempts: Sequence[Attempt]) -> Criterion:
     return Criterion(NOTHING_LEFT, True, f"the {len(pids)} processes started ({', '.join(map(str, pids))}) are gone")
 
 
-def port_released(attempt: Attempt) -> Criterion:
+def port_released(attempt: HarnessRun) -> Criterion:
     if attempt.port is None:
         return not_measured(PORT_FREE, attempt, "the launch reported no port")
-    if port_free(attempt.port):
+    if port_can_be_bound(attempt.port):
         return Criterion(PORT_FREE, True, f"127.0.0.1:{attempt.port} can be listened on again")
     return Criterion(PORT_FREE, False, f"127.0.0.1:{attempt.port} is still taken")
 
 
-def failing_rank_leaves(normal: Attempt, failing: Optional[Attempt]) -> Criterion:
+def failing_rank_leaves(normal: HarnessRun, failing: Optional[HarnessRun]) -> Criterion:
     """In the run where rank FAIL_RANK raises mid-training, it still calls destroy_process_group."""
     if failing is None:
         return not_measured(FAILING_RANK_LEAVES, normal, "the first run did not finish, so the failing run "
@@ -619,14 +619,14 @@ def failing_rank_leaves(normal: Attempt, failing: Optional[Attempt]) -> Criterio
                                                  f"exited without calling destroy_process_group. {why}")
 
 
-def judge_teardown(normal: Attempt, failing: Optional[Attempt]) -> List[Criterion]:
+def judge_teardown(normal: HarnessRun, failing: Optional[HarnessRun]) -> List[Criterion]:
     attempts = [a for a in (normal, failing) if a is not None]
     return [ran_to_end(normal, CLEAN_EXIT), destroyed_everywhere(normal), nothing_left(attempts),
             port_released(normal), failing_rank_leaves(normal, failing)]
 
 
 # -- capstone ----------------------------------------------------------------
-def only_rank0_saves(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+def only_rank0_saves(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     saves = {r: f["saves"] for r, f in finals.items()}
     if not saves[0]:
         return absent(ONLY_RANK0_SAVES, attempt, "rank 0 saved nothing: keep the original script's "
@@ -642,7 +642,7 @@ def only_rank0_saves(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
                                              "no other rank saved")
 
 
-def clean_teardown(attempt: Attempt) -> Criterion:
+def clean_teardown(attempt: HarnessRun) -> Criterion:
     if attempt.timed_out:
         return not_measured(CLEAN_TEARDOWN, attempt, "the launch did not finish (see its first line)")
     for criterion in (ran_to_end(attempt), destroyed_everywhere(attempt), nothing_left([attempt])):
@@ -651,7 +651,7 @@ def clean_teardown(attempt: Attempt) -> Criterion:
     return Criterion(CLEAN_TEARDOWN, True, "every rank left the group and exited 0; its processes are gone")
 
 
-def runs_plain(plain: Attempt) -> Criterion:
+def runs_plain(plain: HarnessRun) -> Criterion:
     if not plain.finished:
         return Criterion(RUNS_PLAIN, False, ran_to_end(plain).detail + "\n(without RANK there is no launcher: "
                          "guard the DDP parts, e.g. with `if \"RANK\" in os.environ`)")
@@ -662,7 +662,7 @@ def runs_plain(plain: Attempt) -> Criterion:
                                        f"{plain.seconds:.1f} s")
 
 
-def runs_torchrun(run: Attempt) -> Criterion:
+def runs_torchrun(run: HarnessRun) -> Criterion:
     if not run.finished:
         return Criterion(RUNS_TORCHRUN, False, ran_to_end(run).detail)
     finals = run.finals()
@@ -675,7 +675,7 @@ def runs_torchrun(run: Attempt) -> Criterion:
                                           f"{run.seconds:.1f} s")
 
 
-def checkpoint_problem(run: Attempt) -> Optional[str]:
+def checkpoint_problem(run: HarnessRun) -> Optional[str]:
     """What is wrong with the checkpoint rank 0 of ``run`` saved (None: it loads and holds the right model)."""
     final = run.final(0) or {}
     checked = final.get("checkpoints") or []
@@ -703,7 +703,7 @@ def checkpoint_problem(run: Attempt) -> Optional[str]:
             "process's): save after training, the trained model's state_dict()")
 
 
-def checkpoint_loads(launched: Attempt, torchrun: Attempt) -> Criterion:
+def checkpoint_loads(launched: HarnessRun, torchrun: HarnessRun) -> Criterion:
     """The file rank 0 saved, under launch and under torchrun, is one process's trained model, loadable as is."""
     runs = [run for run in (launched, torchrun) if run.finished]
     if not runs:
@@ -721,7 +721,7 @@ def checkpoint_loads(launched: Attempt, torchrun: Attempt) -> Criterion:
     return Criterion(CHECKPOINT_LOADS, True, "both load with strict=True and equal one process's parameters")
 
 
-def judge_capstone(launched: Attempt, plain: Attempt, torchrun: Attempt) -> List[Criterion]:
+def judge_capstone(launched: HarnessRun, plain: HarnessRun, torchrun: HarnessRun) -> List[Criterion]:
     measured = judged_from_finals(launched, [
         (SAME_AS_ONE_PROCESS, same_as_one_process), (ONE_ALLREDUCE_PER_STEP, one_allreduce_per_step),
         (K_MICRO_STEPS, k_micro_steps), (SHARDS, shards), (RESHUFFLED, reshuffled),

@@ -1,6 +1,6 @@
 """Run the harness over a learner's script: under ``launch``, under ``torchrun``, or as one process.
 
-Each way gives an ``Attempt``: every rank's harness records, exit codes, and
+Each way gives a ``HarnessRun``: every rank's harness records, exit codes, and
 what went wrong if something did (a crash, a deadline). Nothing here raises
 for a learner's mistake: that is the judge's to describe. No torch in here.
 """
@@ -32,7 +32,7 @@ STOP_GRACE_S = 3.0
 
 
 @dataclass
-class Attempt:
+class HarnessRun:
     """One run of the harness over the learner's script.
 
     Attributes:
@@ -119,9 +119,9 @@ def _last_line(lines: List[str]) -> str:
 
 
 def run_launch(exercise: str, script: Path, run_dir: Path, timeout: float, world_size: int = 2,
-               env: Optional[Dict[str, str]] = None, echo: str = "none", harness: Path = HARNESS) -> Attempt:
+               env: Optional[Dict[str, str]] = None, echo: str = "none", harness: Path = HARNESS) -> HarnessRun:
     """``harness`` on ``world_size`` ranks under ``ddp_tutorial.launch``; ``echo`` as launch's."""
-    attempt = Attempt("launch", world_size, timeout)
+    attempt = HarnessRun("launch", world_size, timeout)
     run_dir = run_dir.resolve()
     t0 = time.monotonic()
     run = None
@@ -206,9 +206,9 @@ def start_torchrun(exercise: str, script: Path, out_dir: Path, world_size: int =
     return _start("torchrun", cmd, world_size, out_dir)
 
 
-def finish(started: Started, deadline: float, timeout: float) -> Attempt:
+def finish(started: Started, deadline: float, timeout: float) -> HarnessRun:
     """Wait for ``started`` until ``deadline`` (time.monotonic()), stopping its whole session then."""
-    attempt = Attempt(started.mode, started.world_size, timeout)
+    attempt = HarnessRun(started.mode, started.world_size, timeout)
     process = started.process
     try:
         process.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -245,7 +245,7 @@ def finish(started: Started, deadline: float, timeout: float) -> Attempt:
     return attempt
 
 
-def _rank_pids(attempt: Attempt) -> List[int]:
+def _rank_pids(attempt: HarnessRun) -> List[int]:
     return [rec["pid"] for rank in attempt.ranks for rec in attempt.events(rank, "start")]
 
 

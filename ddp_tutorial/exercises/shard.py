@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from ddp_tutorial.exercises.judge import Criterion, max_difference, not_measured, plural, ran_to_end, ranks_text
-from ddp_tutorial.exercises.runs import Attempt
+from ddp_tutorial.exercises.runs import HarnessRun
 from ddp_tutorial.exercises.settings import OUT_DIR_ENV
 
 #: The learning rate of the DDP script's Adam.
@@ -43,12 +43,12 @@ def checkpoint_path() -> str:
     return os.path.join(os.environ.get(OUT_DIR_ENV) or ".", "shard_checkpoint.pt")
 
 
-def shard_finals(attempt: Attempt) -> Dict[int, dict]:
+def shard_finals(attempt: HarnessRun) -> Dict[int, dict]:
     """Per rank, what ``shard_harness.py`` measured once the script ended."""
     return {r: recs[-1] for r in attempt.ranks if (recs := attempt.events(r, "shard_final"))}
 
 
-def sharded(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+def sharded(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     """Every rank holds less than one full Adam state, and the ranks together hold exactly one."""
     if len(finals) < attempt.world_size or any(f["optimizer"] is None for f in finals.values()):
         idle = [r for r in attempt.ranks if r not in finals or finals[r]["optimizer"] is None]
@@ -72,7 +72,7 @@ def sharded(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
                                      f"is {full:,}")
 
 
-def same_as_ddp(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+def same_as_ddp(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     """The final parameters on every rank equal those the DDP script with Adam reaches."""
     rank0 = finals.get(0, {})
     if "reference" not in rank0:
@@ -96,7 +96,7 @@ def same_as_ddp(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
     return Criterion(SAME_AS_DDP, False, detail)
 
 
-def whole_checkpoint(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
+def whole_checkpoint(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     """Rank 0 saved a checkpoint whose optimizer state covers every parameter (consolidated first)."""
     consolidated = {r: f["consolidate_calls"] for r, f in finals.items()}
     refused = {r: f["state_dict_refused"] for r, f in finals.items() if f["state_dict_refused"]}
@@ -129,7 +129,7 @@ def whole_checkpoint(attempt: Attempt, finals: Dict[int, dict]) -> Criterion:
                                        f"{last['state_bytes']:,} bytes")
 
 
-def judge_shard(attempt: Attempt) -> List[Criterion]:
+def judge_shard(attempt: HarnessRun) -> List[Criterion]:
     finals = shard_finals(attempt)
     criteria = [ran_to_end(attempt)]
     if not finals:

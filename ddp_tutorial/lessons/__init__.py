@@ -15,6 +15,7 @@ its lesson starts on the ranks with ``launch``.
 
 from __future__ import annotations
 
+import __future__
 import ast
 import contextlib
 import difflib
@@ -23,18 +24,18 @@ import re
 import socket
 from typing import Dict, Iterator, List, Optional, Sequence
 
-from ddp_tutorial import config
+from ddp_tutorial import config, mistakes as catalogue
 from ddp_tutorial.launcher import BOOTSTRAP
 from ddp_tutorial.runfolder import Run
 
 # -- Notebook 00: the original demo's mistakes -----------------------------------
-#: One mistake of the original demo (``config.Mistake``): name, what, fix, notebooks, function.
-Mistake = config.Mistake
+#: One mistake of the original demo (``mistakes.Mistake``): name, what, fix, notebooks, function.
+Mistake = catalogue.Mistake
 
 
 def mistakes() -> List[Mistake]:
-    """Every mistake of the original demo, from the one list ``config.MISTAKES``."""
-    return list(config.MISTAKES)
+    """Every mistake of the original demo, from the one list ``ddp_tutorial.mistakes.MISTAKES``."""
+    return list(catalogue.MISTAKES)
 
 
 def format_mistakes(rows: Optional[Sequence[Mistake]] = None) -> str:
@@ -94,6 +95,20 @@ def script_source(path: str, name: str) -> str:
     raise ValueError(f"no function {name!r} in {path}")
 
 
+def script_function(path: str, name: str):
+    """Function ``name`` of the script file ``path``, compiled from its source alone, not imported.
+
+    For a script's pure functions (arguments in, a value out: no imports, no module globals),
+    so the kernel runs the very code the ranks run without importing the script (and torch).
+    Annotations are kept as text. A function that needs a global raises NameError when called.
+    """
+    namespace: Dict[str, object] = {}
+    code = compile(script_source(path, name), path, "exec", flags=__future__.annotations.compiler_flag,
+                   dont_inherit=True)
+    exec(code, namespace)  # only the def: it defines the function and runs nothing else
+    return namespace[name]
+
+
 ORIGINAL_SCRIPT = os.path.join(os.path.dirname(BOOTSTRAP), "original.py")
 # typing's List[int] in one file and list[int] in the other mean the same: not a change to show
 _TYPING = re.compile(r"\b(List|Dict|Tuple|Set)\[")
@@ -108,7 +123,7 @@ def mistake_diff(name: str) -> str:
     Args:
         name: a ``--bug`` name ("forward-outside-no-sync") or the function it replaces ("micro_step").
     """
-    replaced = {m.name: m.function for m in config.MISTAKES if m.function}
+    replaced = catalogue.BUG_FUNCTIONS
     function = replaced.get(name, name)
     if function not in replaced.values():
         raise ValueError(f"no original version of {name!r}: give a --bug name {sorted(replaced)} "

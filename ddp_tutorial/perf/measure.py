@@ -18,6 +18,8 @@ from ddp_tutorial.launcher import launch, scripts_path
 from ddp_tutorial.perf import costmodel as perf
 
 CROSSCHECK_BYTES = 16 * perf.MB
+#: The probe of DDP itself (buckets, overlap, skipped syncs); notebook 07 shows parts of its code.
+DDP_SCRIPT = scripts_path("perf_ddp.py")
 
 
 def allreduce_sweep(world_sizes: Sequence[int] = (2, 4), quick: bool = False, backend: str = "gloo",
@@ -77,12 +79,12 @@ def ddp_lab(world_size: int = 2, quick: bool = False, sections: Optional[Sequenc
     """Buckets, overlap, accumulation, instrumentation overhead and sync-time fidelity: one launch.
 
     Returns:
-        The dict ``scripts/perf_ddp.py`` reported (see its docstring for the keys).
+        The dict ``perf/workers/perf_ddp.py`` reported (see its docstring for the keys).
     """
     args = ["--quick"] * quick + ["--backend", backend]
     if sections:
         args += ["--sections", *sections]
-    run = launch(scripts_path("perf_ddp.py"), world_size, args, timeout=timeout, echo="rank0")
+    run = launch(DDP_SCRIPT, world_size, args, timeout=timeout, echo="rank0")
     return run.results(0)[-1]
 
 

@@ -10,7 +10,7 @@ from typing import Dict, Optional, Sequence
 import matplotlib.pyplot as plt
 
 from ddp_tutorial.perf import costmodel as perf
-from ddp_tutorial.plots.training import _axes
+from ddp_tutorial.plots.training import new_axes
 
 
 def plot_allreduce_sweep(sweep: Dict, ax: Optional[plt.Axes] = None) -> plt.Axes:
@@ -20,7 +20,7 @@ def plot_allreduce_sweep(sweep: Dict, ax: Optional[plt.Axes] = None) -> plt.Axes
         sweep: the result of ``bench.allreduce_sweep``.
         ax: axes to draw on (new figure if None).
     """
-    ax = _axes(ax, figsize=(7, 4))
+    ax = new_axes(ax, figsize=(7, 4))
     fit = sweep["fit"]
     for world_size in sweep["world_sizes"]:
         rows = [r for r in sweep["table"] if r["world_size"] == world_size]
@@ -47,7 +47,7 @@ def plot_bucket_sweep(rows: Sequence[Dict], ax: Optional[plt.Axes] = None) -> pl
         rows: ``bench.ddp_lab(...)["buckets"]``.
         ax: axes to draw on (new figure if None).
     """
-    ax = _axes(ax, figsize=(7, 3.5))
+    ax = new_axes(ax, figsize=(7, 3.5))
     caps = [r["bucket_cap_mb"] for r in rows]
     ax.plot(caps, [r["backward_s"] * 1e3 for r in rows], "o-", color="#dd4444", label="backward time")
     ax.set_xscale("log")
@@ -70,7 +70,7 @@ def plot_overlap(result: Dict, ax: Optional[plt.Axes] = None) -> plt.Axes:
         result: ``bench.ddp_lab(...)["overlap"]``.
         ax: axes to draw on (new figure if None).
     """
-    ax = _axes(ax, figsize=(6, 3))
+    ax = new_axes(ax, figsize=(6, 3))
     names = ["DDP (buckets, overlapped)", "all-reduce each gradient\nafter backward",
              "one flat all-reduce\nafter backward"]
     values = [result[k] * 1e3 for k in ("ddp_step_s", "per_gradient_step_s", "flat_step_s")]
@@ -91,7 +91,7 @@ def plot_accumulation(rows: Sequence[Dict], ax: Optional[plt.Axes] = None) -> pl
         rows: ``bench.accumulation_ratios(...)``.
         ax: axes to draw on (new figure if None).
     """
-    ax = _axes(ax, figsize=(6, 3.5))
+    ax = new_axes(ax, figsize=(6, 3.5))
     for straggler_ms in sorted({r["straggler_ms"] for r in rows}):
         sel = sorted((r for r in rows if r["straggler_ms"] == straggler_ms), key=lambda r: r["accum_steps"])
         ax.plot([r["accum_steps"] for r in sel], [r["comm_per_sample_vs_k1"] for r in sel], "o-",
@@ -118,7 +118,7 @@ def plot_scaling_projection(projection: Dict, alpha: str = "fitted", bucket_mb: 
         accum_steps: which K to draw.
         ax: axes to draw on (new figure if None).
     """
-    ax = _axes(ax, figsize=(8, 4.5))
+    ax = new_axes(ax, figsize=(8, 4.5))
     styles = ["-", "--"]
     for job, style in zip(projection["jobs"], styles):
         for gbps in sorted({r["bandwidth_GBps"] for r in projection["rows"]}):

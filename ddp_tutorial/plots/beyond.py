@@ -6,7 +6,7 @@ from typing import Optional
 
 import matplotlib.pyplot as plt
 
-from ddp_tutorial.plots.training import _axes
+from ddp_tutorial.plots.training import new_axes
 
 
 def plot_restart_loss(run, reference=None, rank: int = 0, ax: Optional[plt.Axes] = None,
@@ -23,7 +23,7 @@ def plot_restart_loss(run, reference=None, rank: int = 0, ax: Optional[plt.Axes]
         ax: axes to draw on (new figure if None).
         title: the title.
     """
-    ax = _axes(ax, figsize=(8, 3.5))
+    ax = new_axes(ax, figsize=(8, 3.5))
     if reference is not None:
         ax.plot(reference.column(rank, "step"), reference.column(rank, "loss"), color="grey",
                 lw=3, alpha=0.4, label="uninterrupted run")

@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ddp_tutorial.lessons.data_sync import sync_seconds_per_micro_step
-from ddp_tutorial.plots.training import PHASE_COLORS, _axes
+from ddp_tutorial.plots.training import PHASE_COLORS, new_axes
 
 
 def plot_sampler_orders(orders: Sequence[Dict[int, List[int]]], dataset_size: int,
@@ -32,7 +32,7 @@ def plot_sampler_orders(orders: Sequence[Dict[int, List[int]]], dataset_size: in
     for row, (_, _, indices) in enumerate(rows):
         for position, index in enumerate(indices):
             grid[row, index] = position
-    ax = _axes(ax, figsize=(8, 0.28 * len(rows) + 1.5))
+    ax = new_axes(ax, figsize=(8, 0.28 * len(rows) + 1.5))
     image = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis", interpolation="nearest")
     ranks_per_epoch = len(orders[0])
     for boundary in range(ranks_per_epoch, len(rows), ranks_per_epoch):
@@ -60,7 +60,7 @@ def plot_sync_per_micro_step(runs: Dict[str, object], ax: Optional[plt.Axes] = N
         ax: axes to draw on.
         title: the title.
     """
-    ax = _axes(ax, figsize=(7, 3.2))
+    ax = new_axes(ax, figsize=(7, 3.2))
     labels = list(runs)
     ranks = sorted({r for run in runs.values() for r in run.ranks})
     width = 0.8 / (len(ranks) + 1)

@@ -6,7 +6,7 @@ from typing import Dict, List, Optional
 
 import matplotlib.pyplot as plt
 
-from ddp_tutorial.plots.training import _axes
+from ddp_tutorial.plots.training import new_axes
 
 
 def _finish(ax: plt.Axes, xlabel: str, ylabel: str, title: str) -> plt.Axes:
@@ -28,7 +28,7 @@ def plot_init_times(sweep: Dict[int, List[dict]], ax: Optional[plt.Axes] = None,
         ax: axes to draw on (new figure if None).
         title: the title.
     """
-    ax = _axes(ax, figsize=(6, 3.2))
+    ax = new_axes(ax, figsize=(6, 3.2))
     sizes = sorted(sweep)
     wait = [1e3 * sum(r["wait_s"] for r in sweep[w]) / len(sweep[w]) for w in sizes]
     setup = [1e3 * sum(r["setup_s"] for r in sweep[w]) / len(sweep[w]) for w in sizes]
@@ -50,7 +50,7 @@ def plot_allreduces_vs_bucket_cap(rows: List[dict], ax: Optional[plt.Axes] = Non
         ax: axes to draw on (new figure if None).
         title: the title.
     """
-    ax = _axes(ax, figsize=(6, 3.2))
+    ax = new_axes(ax, figsize=(6, 3.2))
     rows = sorted(rows, key=lambda r: r["bucket_cap_mb"])
     caps = [r["bucket_cap_mb"] for r in rows]
     ax.plot(caps, [r["allreduces_per_step"] for r in rows], "o-", color="#dd4444",

@@ -12,7 +12,7 @@ from typing import List, Optional
 import matplotlib.pyplot as plt
 
 from ddp_tutorial.plots.init_wrap import _finish
-from ddp_tutorial.plots.training import _axes
+from ddp_tutorial.plots.training import new_axes
 
 
 def plot_batchnorm_stats(summary: dict, ax: Optional[plt.Axes] = None,
@@ -21,7 +21,7 @@ def plot_batchnorm_stats(summary: dict, ax: Optional[plt.Axes] = None,
 
     ``summary``: from ``batchnorm_summary``.
     """
-    ax = _axes(ax, figsize=(7, 3.2))
+    ax = new_axes(ax, figsize=(7, 3.2))
     fix = "syncbn" if "errors" not in summary["syncbn"] else "allreduce"
     series = [("one process, global batch", summary["reference"]["running_mean"], "black")]
     series += [(f"rank {r}, own shard only", m, color) for (r, m), color in
@@ -43,7 +43,7 @@ def plot_unused_cost(summary: dict, ax: Optional[plt.Axes] = None, title: Option
 
     ``summary``: from ``unused_summary``.
     """
-    ax = _axes(ax, figsize=(7, 3.2))
+    ax = new_axes(ax, figsize=(7, 3.2))
     cost = summary["cost"]
     names = list(cost["cpu"])
     for offset, (clock, label, color) in zip((-0.2, 0.2), (("cpu", "CPU time of the training thread", "#4c72b0"),
@@ -63,7 +63,7 @@ def plot_eval_error(rows: List[dict], ax: Optional[plt.Axes] = None, title: Opti
 
     ``rows``: from ``evaluation_rows``.
     """
-    ax = _axes(ax, figsize=(7, 3.2))
+    ax = new_axes(ax, figsize=(7, 3.2))
     sizes = [r["size"] for r in rows]
     # With equal shards, the mean of the ranks' accuracies is the all-slot ratio: one line for both.
     for key, label, style in (("padded", "every slot counted (= mean of the ranks' accuracies)", "o-"),
@@ -82,7 +82,7 @@ def plot_lr_curves(summary: dict, ax: Optional[plt.Axes] = None, title: Optional
 
     ``summary``: from ``lr_summary``.
     """
-    ax = _axes(ax, figsize=(7, 3.2))
+    ax = new_axes(ax, figsize=(7, 3.2))
     s, w = summary, summary["world_size"]
     for key, label, style in (("single", f"1 process, batch {s['batch_size']}, lr {s['lr']:g}", "k-"),
                               ("kept", f"{w} ranks, global batch {s['global_batch']}, lr {s['lr']:g}", "-"),
@@ -99,7 +99,7 @@ def plot_clipping_drift(summary: dict, ax: Optional[plt.Axes] = None, title: Opt
 
     ``summary``: from ``clipping_summary``.
     """
-    ax = _axes(ax, figsize=(7, 3.2))
+    ax = new_axes(ax, figsize=(7, 3.2))
     for key, label, style in (("right", "clip once, after the all-reduce", "o-"),
                               ("wrong", "clip every micro-step (inside no_sync)", "s--")):
         diffs = [max(d, 1e-9) for d in summary[key]["max_diff"]]  # a log axis cannot show 0

@@ -6,7 +6,7 @@ from typing import Optional
 
 import matplotlib.pyplot as plt
 
-from ddp_tutorial.plots.training import _axes
+from ddp_tutorial.plots.training import new_axes
 
 _KIND_COLORS = {"param_bytes": "#4c72b0", "grad_bytes": "#dd8452", "state_bytes": "#55a868"}
 _KIND_NAMES = {"param_bytes": "parameters", "grad_bytes": "gradients", "state_bytes": "Adam state"}
@@ -33,7 +33,7 @@ def plot_memory_per_rank(table: dict, model: str = "wide", ax: Optional[plt.Axes
         ax: axes to draw on (new figure if None).
         title: the title.
     """
-    ax = _axes(ax, figsize=(8, 3.5))
+    ax = new_axes(ax, figsize=(8, 3.5))
     labels, x, labelled = [], 0, set()
     for strategy, ranks in table[model].items():
         for rank, rec in sorted(ranks.items()):
@@ -59,7 +59,7 @@ def plot_comm_per_step(comm: dict, ax: Optional[plt.Axes] = None, title: Optiona
         ax: axes to draw on (new figure if None).
         title: the title.
     """
-    ax = _axes(ax, figsize=(7, 3.2))
+    ax = new_axes(ax, figsize=(7, 3.2))
     labelled = set()
     for i, ops in enumerate(comm.values()):
         _stacked_bar(ax, i, {op: (row["bus_bytes"] / 1024, _OP_COLORS.get(op, "grey")) for op, row in ops.items()},
@@ -81,7 +81,7 @@ def plot_compressed_loss(summary: dict, ax: Optional[plt.Axes] = None, title: Op
         ax: axes to draw on (new figure if None).
         title: the title.
     """
-    ax = _axes(ax, figsize=(8, 3.2))
+    ax = new_axes(ax, figsize=(8, 3.2))
     styles = ["-", "--", ":", "-."]
     for i, (name, hook) in enumerate(summary["hooks"].items()):
         ax.plot(range(1, len(hook["losses"]) + 1), hook["losses"], ls=styles[i % len(styles)], lw=1.6, label=name)

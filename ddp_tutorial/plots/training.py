@@ -12,7 +12,8 @@ PHASE_COLORS = {"straggler delay": "#bbbbbb", "compute": "#4c72b0", "sync (all-r
                 "optimizer": "#55a868"}
 
 
-def _axes(ax, figsize=(8, 3)):
+def new_axes(ax: Optional[plt.Axes], figsize=(8, 3)) -> plt.Axes:
+    """``ax``, or the Axes of a new figure of ``figsize``: every figure helper draws on either."""
     if ax is None:
         _, ax = plt.subplots(figsize=figsize)
     return ax
@@ -32,7 +33,7 @@ def plot_sync_timeline(run, first_step: int = 0, num_steps: int = 8, ax: Optiona
         ax: axes to draw on (new figure if None).
         title: the title (a default names the window).
     """
-    ax = _axes(ax, figsize=(9, 0.6 * len(run.ranks) + 1.4))
+    ax = new_axes(ax, figsize=(9, 0.6 * len(run.ranks) + 1.4))
     window = {r: [s for s in run.steps[r] if first_step <= s["step"] < first_step + num_steps]
               for r in run.ranks}
     starts = [s["t_start"] for steps in window.values() for s in steps]
@@ -76,7 +77,7 @@ def plot_sync_per_rank(run, ax: Optional[plt.Axes] = None, title: Optional[str] 
         ax: axes to draw on.
         title: the title.
     """
-    ax = _axes(ax, figsize=(6, 3))
+    ax = new_axes(ax, figsize=(6, 3))
     ranks = run.ranks
     sync = [1e3 * _mean([s["sync_s"] for s in run.sync_steps(r)]) for r in ranks]
     compute = [1e3 * _mean([s["forward_s"] + s["backward_s"] - s["sync_s"] for s in run.steps[r]])
@@ -105,7 +106,7 @@ def plot_loss_curves(run, ax: Optional[plt.Axes] = None, title: Optional[str] = 
         title: the title.
         label: prefix for the legend (to tell overlaid runs apart).
     """
-    ax = _axes(ax, figsize=(7, 3.5))
+    ax = new_axes(ax, figsize=(7, 3.5))
     prefix = f"{label}: " if label else ""
     for rank in run.ranks:
         ax.plot(run.column(rank, "step"), run.column(rank, "loss"), lw=0.8, alpha=0.5,

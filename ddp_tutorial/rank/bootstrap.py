@@ -340,9 +340,10 @@ def exit_skipping_interpreter_cleanup(code: int) -> None:
         os._exit(code)
 
 
-def script_frames(tb):
-    """The traceback without this file's and runpy's frames: it starts in the script."""
-    own = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
+def script_frames(tb, *runners):
+    """The traceback without this file's, runpy's and ``runners``' frames (a harness that runs
+    the script through ``run_script``): it starts in the script. None if every frame is theirs."""
+    own = {os.path.abspath(f) for f in (__file__, runpy.__file__, *runners)}
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
         if os.path.abspath(filename) not in own and not filename.startswith("<frozen runpy"):
@@ -361,15 +362,18 @@ def exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def run_script() -> None:
-    if sys.argv[1] == "-m":
-        module = sys.argv[2]
+def run_script(argv=None) -> None:
+    """Run ``argv`` (``SCRIPT ARGS...`` or ``-m MODULE ARGS...``; by default this process's
+    ``sys.argv[1:]``) as ``__main__``, with ``sys.argv`` and ``sys.path[0]`` as ``python`` sets them."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[0] == "-m":
+        module = argv[1]
         sys.path[0] = os.getcwd()  # as `python -m module` would have it
-        sys.argv = [module] + sys.argv[3:]
+        sys.argv = [module] + argv[2:]
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     else:
-        script = os.path.abspath(sys.argv[1])
-        sys.argv = [script] + sys.argv[2:]
+        script = os.path.abspath(argv[0])
+        sys.argv = [script] + argv[1:]
         sys.path[0] = os.path.dirname(script)  # as `python script.py` would have it
         runpy.run_path(script, run_name="__main__")
 

@@ -14,32 +14,24 @@ final name, so a stray temporary file is never mistaken for a checkpoint.
 In ``train.py`` only rank 0 saves, then every rank waits at a barrier; every
 rank loads, with ``map_location`` set to its own device. Each save writes its
 own temporary file (pid and a random part in the name) and never touches
-another writer's. ``check_settings`` reads a checkpoint's settings without
-torch (and without running anything in it), so the launcher can refuse a wrong
-file before any process starts. torch is imported only to save or load.
+another writer's. What a checkpoint must share with the run resuming from it
+(``SETTINGS``) and the check of it live in ``ddp_tutorial.checkpoint_settings``,
+without torch, so the kernel can refuse a wrong file before any process starts.
+torch is imported only to save or load.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import tempfile
 import zipfile
-from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional
 
-PathLike = Union[str, os.PathLike]
-#: What must match between a checkpoint and the run resuming from it: the
-#: position in an epoch names the same samples only for the same split.
-SETTINGS = ("world_size", "batch_size", "accum_steps", "dataset_size", "seed")
-#: The largest pickle part of a checkpoint ``read_settings`` reads (tensors are stored apart).
-MAX_PICKLE_BYTES = 64 << 20
-
-
-class CheckpointError(ValueError):
-    """A file that is not a checkpoint, or a checkpoint of a run with other settings."""
+# The settings and their check are here too: ranks and tests import them from this module.
+from ddp_tutorial.checkpoint_settings import (  # noqa: F401
+    SETTINGS, CheckpointError, PathLike, check_settings, read_settings)
 
 
 def temp_files(path: PathLike) -> List[Path]:
@@ -115,77 +107,3 @@ def load_checkpoint(path: Optional[PathLike], map_location="cpu") -> Optional[Di
                               f"({type(exc).__name__}: {first})") from exc
 
 
-class _Placeholder:
-    """Stands for any object a checkpoint's pickle builds (tensors, storages, classes): nothing runs."""
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __call__(self, *args, **kwargs):
-        return _Placeholder()
-
-    def __setstate__(self, state):
-        pass
-
-    def __setitem__(self, key, value):
-        pass
-
-
-class _SettingsUnpickler(pickle.Unpickler):
-    """Unpickles plain data; every class and function it names becomes a ``_Placeholder``."""
-
-    def find_class(self, module, name):
-        if (module, name) == ("collections", "OrderedDict"):
-            return OrderedDict
-        return _Placeholder()
-
-    def persistent_load(self, pid):  # tensor storages live outside the pickle
-        return _Placeholder()
-
-
-def read_settings(path: PathLike) -> Dict[str, Any]:
-    """The top-level entries of a checkpoint that are plain numbers or strings, read without torch.
-
-    Raises:
-        CheckpointError: ``path`` is not a file ``torch.save`` wrote (a zip with a data.pkl).
-    """
-    try:
-        with zipfile.ZipFile(path) as z:
-            pkl = [i for i in z.infolist() if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"]
-            if len(pkl) != 1 or pkl[0].file_size > MAX_PICKLE_BYTES:
-                raise CheckpointError(f"{str(path)!r} is not a checkpoint: no torch.save data in it")
-            data = z.read(pkl[0])
-        state = _SettingsUnpickler(io.BytesIO(data)).load()
-    except CheckpointError:
-        raise
-    except (OSError, zipfile.BadZipFile, pickle.UnpicklingError, EOFError, ValueError, TypeError,
-            AttributeError, IndexError, KeyError) as exc:
-        raise CheckpointError(f"{str(path)!r} is not a checkpoint: not a file torch.save wrote "
-                              f"({type(exc).__name__}: {exc})") from None
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{str(path)!r} is not a checkpoint: it holds a {type(state).__name__}, "
-                              "not a dict of training state")
-    return {k: v for k, v in state.items() if isinstance(k, str) and isinstance(v, (int, float, str))}
-
-
-def check_settings(path: PathLike, now: Dict[str, Any]) -> None:
-    """Refuse ``path`` unless it is a training checkpoint made with the settings in ``now``.
-
-    Args:
-        path: an existing checkpoint file.
-        now: this run's values of ``SETTINGS`` (world_size, batch_size, accum_steps, dataset_size, seed).
-
-    Raises:
-        CheckpointError: not a checkpoint, or one of a run with other settings (the message lists them).
-    """
-    saved = read_settings(path)
-    missing = [k for k in list(now) + ["epoch", "micro", "step"] if k not in saved]
-    if missing:
-        raise CheckpointError(f"{str(path)!r} is not a training checkpoint: it has no {', '.join(missing)} "
-                              "(a model.pt, or another program's file?)")
-    differ = {k: (saved[k], v) for k, v in now.items() if saved[k] != v}
-    if differ:
-        listed = ", ".join(f"{k} {a} (now {b})" for k, (a, b) in differ.items())
-        raise CheckpointError(f"{str(path)!r} is a checkpoint of another run, made with {listed}: its "
-                              "position in the epoch would name other samples. Resume with the same "
-                              "settings, or start from a new --checkpoint")

@@ -1,20 +1,18 @@
 """The original demo's mistakes: each one is the original's version of one train.py function.
 
 Every function here has the name and arguments of the train.py function it
-gets wrong, and differs from it only by the mistake. ``config.MISTAKES`` lists
-them (flag, what goes wrong, the fix, the notebook that measures it).
+gets wrong, and differs from it only by the mistake. ``ddp_tutorial.mistakes``
+lists them (flag, what goes wrong, the fix, the notebook that measures it), and
+``lessons.mistake_diff`` shows each one against train.py's, reading both files.
 
     python -m ddp_tutorial.train --bug forward-outside-no-sync   # runs original.micro_step
-    print(diff("forward-outside-no-sync"))                        # the original vs the fix
 
 ``mistakes(bugs, train_module)`` is how ``train.main`` swaps them in for a run.
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import difflib
 import os
 from types import ModuleType
 from typing import Iterable, List, Optional
@@ -26,7 +24,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from ddp_tutorial.config import MISTAKES, TRAIN_SCRIPT
+from ddp_tutorial.mistakes import BUG_FUNCTIONS
 
 
 # -- per-rank-data ------------------------------------------------------------
@@ -76,62 +74,30 @@ def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(out, torch.rand_like(out))
 
 
-# -- Selecting and showing them -------------------------------------------------------
+# -- Selecting them for a run -------------------------------------------------------
 def functions(bugs: Iterable[str]) -> List[str]:
     """The names of the train.py functions that the ``--bug`` names in ``bugs`` replace.
 
     Raises:
         ValueError: a name that is not a ``--bug`` of train.py.
     """
-    replaced = {m.name: m.function for m in MISTAKES if m.function}
-    unknown = sorted(set(bugs) - set(replaced))
+    unknown = sorted(set(bugs) - set(BUG_FUNCTIONS))
     if unknown:
-        raise ValueError(f"not a --bug of train.py: {unknown}; choose from {sorted(replaced)}")
-    return [replaced[bug] for bug in bugs]
+        raise ValueError(f"not a --bug of train.py: {unknown}; choose from {sorted(BUG_FUNCTIONS)}")
+    return [BUG_FUNCTIONS[bug] for bug in bugs]
 
 
 @contextlib.contextmanager
-def mistakes(bugs: Iterable[str], lesson: ModuleType):
-    """Within the block, ``lesson`` (train.py's module) calls the original's version of each
-    function that ``bugs`` names; its own are back on exit, so nothing leaks into a later run.
+def mistakes(bugs: Iterable[str], train_module: ModuleType):
+    """Within the block, ``train_module`` calls the original's version of each function that
+    ``bugs`` names; its own are back on exit, so nothing leaks into a later run.
 
     Args:
         bugs: ``--bug`` names, e.g. ``["sync-schedule"]``; empty: train.py as it is.
-        lesson: the module to patch (``sys.modules[train.__name__]``, also when run as ``__main__``).
+        train_module: train.py's module, to patch (``sys.modules[train.__name__]``, also when
+            it runs as ``__main__``).
     """
     with contextlib.ExitStack() as stack:
         for name in functions(bugs):
-            stack.enter_context(mock.patch.object(lesson, name, globals()[name]))
+            stack.enter_context(mock.patch.object(train_module, name, globals()[name]))
         yield
-
-
-def diff(name: str, docstrings: bool = False) -> str:
-    """The original's version of a function against train.py's, as a unified diff (``-`` original, ``+`` fix).
-
-    Reads both files; imports nothing.
-
-    Args:
-        name: a ``--bug`` name ("forward-outside-no-sync") or the function it replaces ("micro_step").
-        docstrings: keep the docstrings (they explain the mistake and the fix); by default only code.
-    """
-    replaced = {m.name: m.function for m in MISTAKES if m.function}
-    function = replaced.get(name, name)
-    if function not in replaced.values():
-        raise ValueError(f"no original version of {name!r}: give a --bug name {sorted(replaced)} "
-                         f"or a function {sorted(replaced.values())}")
-    train_py = TRAIN_SCRIPT
-    theirs, ours = (_function_lines(path, function, docstrings) for path in (__file__, train_py))
-    return "".join(difflib.unified_diff(theirs, ours, f"original.{function}", f"train.{function}"))
-
-
-def _function_lines(path: str, function: str, docstrings: bool) -> List[str]:
-    """The lines of top-level function ``function`` in the file ``path``, without its docstring
-    unless ``docstrings``."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    node = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == function)
-    doc = node.body[0]
-    is_doc = isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)
-    drop = range(doc.lineno - 1, doc.end_lineno) if is_doc and not docstrings else range(0)
-    lines = text.splitlines(keepends=True)
-    return [lines[i] for i in range(node.lineno - 1, node.end_lineno) if i not in drop]

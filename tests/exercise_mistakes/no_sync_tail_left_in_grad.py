@@ -7,7 +7,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from ddp_tutorial.exercises import task
+from ddp_tutorial.exercises.workers import task
 
 K = task.ACCUM_STEPS
 

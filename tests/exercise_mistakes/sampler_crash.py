@@ -4,7 +4,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from ddp_tutorial.exercises import task
+from ddp_tutorial.exercises.workers import task
 
 dist.init_process_group("gloo")
 try:

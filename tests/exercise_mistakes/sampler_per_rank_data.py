@@ -5,7 +5,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from ddp_tutorial.exercises import task
+from ddp_tutorial.exercises.workers import task
 
 dist.init_process_group("gloo")
 try:

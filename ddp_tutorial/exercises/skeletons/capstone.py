@@ -19,7 +19,7 @@ Then, in the notebook:
 import torch
 from torch.utils.data import DataLoader
 
-from ddp_tutorial.exercises import task
+from ddp_tutorial.exercises.workers import task
 
 
 def main():

@@ -10,7 +10,7 @@ right after wrapping and after every optimizer step. Then, in the notebook:
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: F401 (you will need it)
 
-from ddp_tutorial.exercises import task
+from ddp_tutorial.exercises.workers import task
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

@@ -3,7 +3,7 @@
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_tutorial.exercises import task
+from ddp_tutorial.exercises.workers import task
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

@@ -13,22 +13,21 @@ collective the script calls (``all_reduce``, ``barrier``, ``broadcast``, ``all_g
 before ``destroy_process_group`` runs; and
 ``final`` after the script ended, with every count, the parameters, the
 sampler orders, the saves, the error if any, on rank 0 the one-process
-references (``ddp_tutorial.exercises.reference``), and in the capstone whether
+references (``ddp_tutorial.exercises.workers.reference``), and in the capstone whether
 each saved checkpoint loads strictly into ``task.make_model()``. All but ``final`` are
 written the moment they happen, so a rank that hangs or dies still leaves them.
 
 A script that raises makes this rank exit 1 with its traceback, as it would
-on its own.
+on its own. Running the script, its exit status, its traceback and the exit are
+those of a rank's bootstrap (``rank/bootstrap.py``), the same under every launcher.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import inspect
 import os
-import runpy
 import sys
 import traceback
 from urllib.parse import urlparse
@@ -42,7 +41,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data.distributed import DistributedSampler
 
-from ddp_tutorial.exercises import reference
+from ddp_tutorial.exercises.workers import reference
+from ddp_tutorial.rank import bootstrap
 from ddp_tutorial.runfolder import report
 
 #: Exercises whose checks compare the final parameters with one process's.
@@ -327,7 +327,7 @@ class Observers:
 
 def error_record(exc: BaseException, script: str):
     """Type, message, the script's line it came from, and the last lines of the traceback."""
-    lines = traceback.format_exception(type(exc), exc, learner_frames(exc.__traceback__, script))
+    lines = traceback.format_exception(type(exc), exc, learner_frames(exc.__traceback__))
     in_script = [f for f in traceback.extract_tb(exc.__traceback__) if os.path.abspath(f.filename) == script]
     where = (f"{os.path.basename(script)}, line {in_script[-1].lineno}: {(in_script[-1].line or '').strip()}"
              if in_script else None)
@@ -335,14 +335,9 @@ def error_record(exc: BaseException, script: str):
             "traceback": "".join(lines).rstrip().splitlines()[-8:]}
 
 
-def learner_frames(tb, script):
+def learner_frames(tb):
     """The traceback from the learner's script on (this file's and runpy's frames dropped)."""
-    start = tb
-    while tb is not None:
-        if os.path.abspath(tb.tb_frame.f_code.co_filename) == script:
-            return tb
-        tb = tb.tb_next
-    return start
+    return bootstrap.script_frames(tb, __file__) or tb
 
 
 def sampler_seed(seen: Observations) -> int:
@@ -355,7 +350,7 @@ def checkpoint_records(seen: Observations):
     A plain process must be able to use the checkpoint: the DDP wrapper's own
     ``state_dict()`` has every key prefixed with ``module.`` and does not load.
     """
-    from ddp_tutorial.exercises import task
+    from ddp_tutorial.exercises.workers import task
 
     checked = []
     for path in dict.fromkeys(save["path"] for save in seen.saves):
@@ -385,20 +380,16 @@ def run(exercise: str, script: str) -> int:
     observers = Observers(seen, launcher)
     observers.install()
     error, code = None, 0
-    sys.argv = [script]
-    sys.path[0] = os.path.dirname(script)  # as `python script.py` would have it
     try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as exc:  # sys.exit(): the status Python itself would give
-        code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
-        if not isinstance(exc.code, (int, type(None))):
-            print(exc.code, file=sys.stderr)
+        bootstrap.run_script([script])
+    except SystemExit as exc:
+        code = bootstrap.exit_code(exc)  # the status Python itself would give
         if code:
             error = {"type": "SystemExit", "message": f"sys.exit({exc.code!r})", "where": None,
                      "traceback": []}
     except BaseException as exc:  # the script's own error: record it, then fail as it would
         error, code = error_record(exc, script), 1
-        traceback.print_exception(type(exc), exc, learner_frames(exc.__traceback__, script))
+        traceback.print_exception(type(exc), exc, learner_frames(exc.__traceback__))
     observers.remove()  # the references below must not be counted
     record = {"event": "final", "exit_code": code, "error": error,
               "initialized_at_exit": dist.is_initialized(), **seen.as_record()}
@@ -413,25 +404,10 @@ def run(exercise: str, script: str) -> int:
     return code
 
 
-def exit_now(code: int) -> None:
-    """Exit after atexit handlers and flushed output, skipping the interpreter's teardown.
-
-    Destroying gloo's objects during that teardown can abort a rank that
-    finished cleanly (torch 2.13), which a check would misread as a crash.
-    """
-    try:
-        atexit._run_exitfuncs()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                stream.flush()
-        os._exit(code)
-
-
 def main(argv) -> None:
     if len(argv) != 2:
         sys.exit("usage: harness.py EXERCISE SCRIPT")
-    exit_now(run(argv[0], os.path.abspath(argv[1])))
+    bootstrap.exit_skipping_interpreter_cleanup(run(argv[0], os.path.abspath(argv[1])))
 
 
 if __name__ == "__main__":

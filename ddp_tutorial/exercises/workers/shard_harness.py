@@ -25,7 +25,7 @@ from torch.utils.data.distributed import DistributedSampler
 if __package__ in (None, ""):  # run as a file path: make the package importable
     sys.path.insert(0, os.path.abspath(__file__).rsplit(os.sep + "ddp_tutorial" + os.sep, 1)[0])
 
-from ddp_tutorial.exercises import reference, task  # noqa: E402
+from ddp_tutorial.exercises.workers import reference, task  # noqa: E402
 from ddp_tutorial.exercises.shard import LR  # noqa: E402
 from ddp_tutorial.exercises.workers import harness  # noqa: E402
 from ddp_tutorial.lessons.sharding.workers.sharding_common import nbytes, optimizer_state, state_tensors  # noqa: E402
@@ -160,7 +160,7 @@ def main(argv) -> None:
     code = harness.run(argv[0], os.path.abspath(argv[1]))
     seen.remove()
     report(final_record(seen))
-    harness.exit_now(code)
+    harness.bootstrap.exit_skipping_interpreter_cleanup(code)
 
 
 if __name__ == "__main__":

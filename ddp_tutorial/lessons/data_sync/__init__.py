@@ -2,7 +2,8 @@
 
 Each notebook cell calls one of these; they launch the lesson scripts, and turn
 a ``Run`` into the numbers the notebooks print and assert. Importing this
-module imports no torch (``params_match`` and ``show_sync_schedule`` import it when called).
+module imports no torch (``params_match`` imports it when called), nor any rank code: the
+sync schedules are compiled from the scripts' own source (``lessons.script_function``).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import math
 import statistics
 from typing import Dict, List, Optional, Sequence
 
-from ddp_tutorial import TRAIN_SCRIPT
+from ddp_tutorial import TRAIN_SCRIPT, config
 from ddp_tutorial.launcher import launch, scripts_path
+from ddp_tutorial.lessons import ORIGINAL_SCRIPT, script_function
 from ddp_tutorial.lessons import mistake_diff  # noqa: F401  (notebooks 03-04 show the original's diffs)
 from ddp_tutorial.runfolder import Run
 
@@ -188,21 +190,19 @@ def optimizer_step_micros(run: Run, rank: int = 0) -> List[int]:
 
 def planned_step_micros(num_batches: int, accum_steps: int, bug: bool = False) -> List[int]:
     """Micro-batch indices after which ``train.sync_schedule`` (``original.sync_schedule`` with
-    ``bug``) plans an optimizer step."""
-    from ddp_tutorial import train
-    from ddp_tutorial.rank import original
+    ``bug``) plans an optimizer step: their own code, read from the scripts, not imported."""
+    return [i for i, sync in enumerate(_sync_schedule(bug)(num_batches, accum_steps)) if sync]
 
-    schedule = (original if bug else train).sync_schedule
-    return [i for i, sync in enumerate(schedule(num_batches, accum_steps)) if sync]
+
+def _sync_schedule(bug: bool):
+    """train.py's ``sync_schedule``, or the original's with ``bug``, compiled from its file."""
+    return script_function(ORIGINAL_SCRIPT if bug else TRAIN_SCRIPT, "sync_schedule")
 
 
 def show_sync_schedule(num_batches: int, accum_steps: int) -> None:
     """The plan of ``train.sync_schedule`` beside the original's off-by-one (``original.sync_schedule``)."""
-    from ddp_tutorial import train
-    from ddp_tutorial.rank import original
-
     for bug in (True, False):
-        plan = (original if bug else train).sync_schedule(num_batches, accum_steps)
+        plan = _sync_schedule(bug)(num_batches, accum_steps)
         marks = "".join("S" if sync else "." for sync in plan)
         print(f"{'original (i % K == 0)' if bug else 'fixed (last of each K)':<24} {marks}   "
               f"steps after micro-batches {planned_step_micros(num_batches, accum_steps, bug)}")
@@ -224,8 +224,6 @@ def max_param_difference(state_a, state_b) -> float:
 
 def default_lr() -> float:
     """train.py's learning rate when ``--lr`` is not given."""
-    from ddp_tutorial import config
-
     return config.build_parser().get_default("lr")
 
 

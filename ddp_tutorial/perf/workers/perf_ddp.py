@@ -5,7 +5,7 @@
 
 The model is a deep, narrow MLP: many small parameter tensors, as the DDP paper
 uses to show why gradients are bucketed. Sections (each reported by rank 0 with
-``metrics.report`` under its own key):
+``runfolder.report`` under its own key):
 
 - ``compute``: forward+backward+optimizer seconds per sample, one rank, no communication.
 - ``buckets``: a sweep of ``bucket_cap_mb``: all-reduce calls per step, backward time.

@@ -2,7 +2,7 @@
 
 Every pitfall script is a plain worker: it reads RANK and WORLD_SIZE from the
 environment (``launch`` or torchrun set them), joins a gloo group, runs its
-parts, hands each part's measurements back with ``metrics.report`` under its
+parts, hands each part's measurements back with ``runfolder.report`` under its
 ``pitfall`` name and a ``part`` key, and leaves the group::
 
     report = reporter("name")
@@ -59,7 +59,7 @@ def run(body: Callable, parser: argparse.ArgumentParser, backend: str = "gloo") 
 
 
 def reporter(pitfall: str) -> Callable[[dict], None]:
-    """``metrics.report`` for one pitfall's script: every record also names the pitfall."""
+    """``runfolder.report`` for one pitfall's script: every record also names the pitfall."""
     def report(record: dict) -> None:
         runfolder.report({"pitfall": pitfall, **record})
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data.distributed import DistributedSampler
 
-from ddp_tutorial.exercises import task
+from ddp_tutorial.exercises.workers import task
 
 
 def flat_parameters(params) -> List[float]:

@@ -1,8 +1,8 @@
 """The exercises' fixed task: one tiny seeded model, one seeded dataset, the loss and the settings.
 
-Every skeleton imports it (``from ddp_tutorial.exercises import task``), so a
+Every skeleton imports it (``from ddp_tutorial.exercises.workers import task``), so a
 check knows exactly what a correct script computes: the reference is one process
-training the same model on the same data (``ddp_tutorial.exercises.reference``).
+training the same model on the same data (``ddp_tutorial.exercises.workers.reference``).
 Everything here is built from fixed seeds and draws nothing from torch's global
 random state, so every rank builds the same model and the same dataset.
 

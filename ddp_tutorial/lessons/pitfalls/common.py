@@ -1,0 +1,106 @@
+"""What every pitfall's helpers share: launching the scripts, and reading their records back."""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional, Sequence
+
+from ddp_tutorial.launcher import LaunchError, launch, scripts_path
+from ddp_tutorial.lessons import script_source
+from ddp_tutorial.runfolder import Run
+
+
+PITFALLS = ("batchnorm", "unused", "checkpoint", "evaluation", "seeding", "lr", "clipping", "hang")
+
+
+def script(name: str) -> str:
+    """Path of the worker script of pitfall ``name`` (one of ``PITFALLS``)."""
+    if name not in PITFALLS:
+        raise ValueError(f"no pitfall {name!r}; one of {', '.join(PITFALLS)}")
+    return scripts_path(f"pitfall_{name}.py")
+
+
+def show(name: str, function: str) -> None:
+    """Print the source of ``function`` in pitfall ``name``'s worker script (read, not imported)."""
+    print(script_source(script(name), function))
+
+
+# -- Launching ---------------------------------------------------------------------
+def run_pitfall(name: str, world_size: int = 2, args: Sequence = (), timeout: float = 120.0,
+                echo: str = "none", **launch_kwargs) -> Run:
+    """Launch pitfall ``name``'s worker script on ``world_size`` ranks and return its ``Run``.
+
+    Args:
+        name: one of ``PITFALLS``.
+        world_size: number of ranks.
+        args: flags for the script (see its docstring).
+        timeout: seconds before the launch counts as hung.
+        echo: which ranks' output to print.
+        **launch_kwargs: passed to ``launch`` (e.g. ``env``, ``backend``, ``run_dir``).
+    """
+    return launch(script(name), world_size, [str(a) for a in args], timeout=timeout, echo=echo,
+                  **launch_kwargs)
+
+
+#: The pitfalls that run on 2 ranks and finish: one launch runs them all (``run_lab``).
+LAB = ("batchnorm", "unused", "checkpoint", "seeding", "lr", "clipping")
+
+
+def run_lab(pitfalls: Sequence[str] = LAB, world_size: int = 2, timeout: float = 180.0, **launch_kwargs) -> Run:
+    """Launch ``pitfall_lab.py``: the scripts of ``pitfalls`` one after another on the same ranks.
+
+    Every script reports as it does alone, so each summary below reads this
+    run as it would read the script's own. One start of the ranks instead of one per pitfall.
+    """
+    unknown = [p for p in pitfalls if p not in PITFALLS]
+    if unknown:
+        raise ValueError(f"no pitfall(s) {unknown}; one of {', '.join(PITFALLS)}")
+    return launch(scripts_path("pitfall_lab.py"), world_size, list(pitfalls), timeout=timeout, echo="none",
+                  **launch_kwargs)
+
+
+def expect_failure(name: str, world_size: int = 2, args: Sequence = (), timeout: float = 120.0,
+                   env: Optional[Dict[str, str]] = None) -> LaunchError:
+    """Launch a run that must fail; return the ``LaunchError`` (with ``seconds``: how long it took).
+
+    Raises:
+        RuntimeError: the launch finished cleanly, so the pitfall did not happen.
+    """
+    t0 = time.monotonic()
+    try:
+        run_pitfall(name, world_size, args, timeout=timeout, env=env)
+    except LaunchError as err:
+        err.seconds = time.monotonic() - t0
+        return err
+    raise RuntimeError(f"pitfall_{name}.py {' '.join(map(str, args))} finished without failing")
+
+
+def records(run: Run, pitfall: str, name: str, rank: int) -> List[dict]:
+    """What ``rank`` reported for part ``name`` of ``pitfall``, in order."""
+    return [rec for rec in run.results(rank) if rec.get("pitfall") == pitfall and rec.get("part") == name]
+
+
+def part(run: Run, pitfall: str, name: str, rank: int = 0) -> dict:
+    """The last record of part ``name`` of ``pitfall`` that ``rank`` reported (KeyError if none)."""
+    found = records(run, pitfall, name, rank)
+    if not found:
+        raise KeyError(f"rank {rank} reported no part {name!r} of {pitfall!r} in {run.run_dir}")
+    return found[-1]
+
+
+def per_rank(run: Run, pitfall: str, name: str) -> Dict[int, dict]:
+    """Rank -> its last record of part ``name`` of ``pitfall``, for the ranks that reported one."""
+    found = {rank: records(run, pitfall, name, rank) for rank in range(run.world_size)}
+    return {rank: recs[-1] for rank, recs in found.items() if recs}
+
+
+def max_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:
+    """Largest absolute difference between two equally long lists of numbers."""
+    if len(a) != len(b):
+        raise ValueError(f"lengths differ: {len(a)} vs {len(b)}")
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+def ranks_agree(records: Dict[int, dict], key: str) -> bool:
+    """Did every rank report the same ``key``?"""
+    return len({str(rec[key]) for rec in records.values()}) == 1

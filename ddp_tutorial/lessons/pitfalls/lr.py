@@ -1,0 +1,31 @@
+"""Pitfall 6: the learning rate for a W times larger global batch, with warm-up."""
+
+from __future__ import annotations
+
+
+from ddp_tutorial.lessons.pitfalls.common import part
+from ddp_tutorial.runfolder import Run
+
+
+def lr_summary(run: Run) -> dict:
+    """Loss curves (loss on the whole set against samples seen) and their final ratios to W = 1."""
+    c = part(run, "lr", "curves")
+    curves = {k: c[k] for k in ("single", "kept", "scaled")}
+    return {"world_size": c["world_size"], "batch_size": c["batch_size"],
+            "global_batch": c["world_size"] * c["batch_size"], "lr": c["lr"], "scaled_lr": c["scaled_lr"],
+            "warmup_steps": c["warmup_steps"], "samples": c["samples"], "curves": curves,
+            "final": {k: v[-1] for k, v in curves.items()},
+            "final_ratio": {k: v[-1] / curves["single"][-1] for k, v in curves.items() if k != "single"}}
+
+
+def format_lr(summary: dict) -> str:
+    s, w = summary, summary["world_size"]
+    rows = [(f"one process, lr {s['lr']:g}", "single"), (f"{w} ranks, lr kept at {s['lr']:g}", "kept"),
+            (f"{w} ranks, lr {s['scaled_lr']:g} after {s['warmup_steps']} warm-up steps", "scaled")]
+    lines = [f"W = {w} ranks x b = {s['batch_size']} (K = 1): global batch {s['global_batch']}; "
+             f"one process: batch {s['batch_size']}",
+             f"final loss after {s['samples'][-1]} samples seen (and its ratio to one process's):"]
+    for label, key in rows:
+        ratio = f"  ({s['final_ratio'][key]:.2f} x)" if key != "single" else ""
+        lines.append(f"  {label:<40}{s['final'][key]:.4f}{ratio}")
+    return "\n".join(lines)

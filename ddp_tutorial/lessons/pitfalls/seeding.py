@@ -1,0 +1,55 @@
+"""Pitfall 5: one seed or one per rank: dropout masks, sampler orders and the model's start."""
+
+from __future__ import annotations
+
+from typing import Dict
+
+from ddp_tutorial.lessons.pitfalls.common import per_rank
+from ddp_tutorial.runfolder import Run
+
+
+def _coverage(sampler: Dict[int, dict], key: str, dataset_size: int) -> dict:
+    seen = [i for rec in sampler.values() for i in rec[key]]
+    distinct = len(set(seen))
+    return {"seen": len(seen), "distinct": distinct, "twice_or_more": len(seen) - distinct,
+            "never": dataset_size - distinct}
+
+
+def _masks(dropout: Dict[int, dict], key: str) -> dict:
+    steps = len(dropout[0][key])
+    distinct = [len({row for rec in dropout.values() for row in rec[key][s]}) for s in range(steps)]
+    rows = sum(len(rec[key][0]) for rec in dropout.values())
+    bits = agree = 0
+    for rank, rec in dropout.items():
+        if rank == 0:
+            continue
+        for s in range(steps):
+            for mine, theirs in zip(rec[key][s], dropout[0][key][s]):
+                bits += len(mine)
+                agree += sum(a == b for a, b in zip(mine, theirs))
+    return {"distinct_per_step": distinct, "rows_per_step": rows, "agreement_with_rank0": agree / bits}
+
+
+def seeding_summary(run: Run) -> dict:
+    """Init digests, sampler coverage and dropout masks, with one seed and with per-rank seeds."""
+    init, sampler, dropout = (per_rank(run, "seeding", name) for name in ("init", "sampler", "dropout"))
+    size = sampler[0]["dataset_size"]
+    return {
+        "world_size": run.world_size, "dataset_size": size,
+        "init_distinct": {k: len({rec[k] for rec in init.values()}) for k in ("same_seed", "per_rank_seed")},
+        "sampler": {k: _coverage(sampler, k, size) for k in ("same_seed", "per_rank_seed")},
+        "dropout": {k: _masks(dropout, k) for k in ("same_seed", "per_rank_seed")},
+    }
+
+
+def format_seeding(summary: dict) -> str:
+    s, lines = summary, []
+    for key, label in (("same_seed", "one seed on every rank"), ("per_rank_seed", "seed + rank")):
+        c, m, d = s["sampler"][key], s["dropout"][key], s["init_distinct"][key]
+        lines += [f"{label}:",
+                  f"  fresh models: {d} distinct of {s['world_size']}",
+                  f"  sampler: {c['seen']} slots, {c['distinct']} distinct samples of {s['dataset_size']}; "
+                  f"{c['twice_or_more']} seen twice or more, {c['never']} never",
+                  f"  dropout masks per step: {m['distinct_per_step']} distinct of {m['rows_per_step']} samples; "
+                  f"ranks agree on {100 * m['agreement_with_rank0']:.0f} % of the mask bits"]
+    return "\n".join(lines)

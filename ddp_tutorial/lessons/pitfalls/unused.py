@@ -1,0 +1,99 @@
+"""Pitfall 2: parameters without a gradient; find_unused_parameters and static_graph, and what they cost."""
+
+from __future__ import annotations
+
+import re
+import statistics
+import textwrap
+from typing import List, Sequence
+
+from ddp_tutorial.lessons.pitfalls.common import part, per_rank, ranks_agree
+from ddp_tutorial.runfolder import Run
+
+
+def unused_indices(message: str) -> List[int]:
+    """The indices in "Parameter indices which did not receive grad for rank N: i j ..."."""
+    m = re.search(r"Parameter indices which did not receive grad for rank \d+: ([\d ]+)", message)
+    return [int(i) for i in m.group(1).split()] if m else []
+
+
+def timing_stats(values: Sequence[float]) -> dict:
+    """Median and quartiles, in milliseconds."""
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return {"median_ms": 1e3 * statistics.median(values), "q1_ms": 1e3 * q1, "q3_ms": 1e3 * q3}
+
+
+def paired_cost(run: Run, variant: str, clock: str = "cpu_s", baseline: str = "no flag") -> dict:
+    """Per step, ``variant``'s time minus the baseline's, both taken in turn, pooled over ranks.
+
+    Returns:
+        ``median_ms`` of the differences, ``relative`` (that over the baseline's
+        median), ``slower_fraction`` (share of steps where the variant took longer), ``steps``.
+    """
+    diffs, base = [], []
+    for rec in per_rank(run, "unused", "cost").values():
+        diffs += [v - b for v, b in zip(rec[clock][variant], rec[clock][baseline])]
+        base += rec[clock][baseline]
+    median = statistics.median(diffs)
+    return {"median_ms": 1e3 * median, "relative": median / statistics.median(base),
+            "slower_fraction": sum(d > 0 for d in diffs) / len(diffs), "steps": len(diffs)}
+
+
+def unused_summary(run: Run) -> dict:
+    """The error, both fixes, and what each wrapping costs per step."""
+    err = part(run, "unused", "error")
+    names = err["param_names"]
+    fixes = {}
+    for name in ("find_unused", "static_graph"):
+        recs = per_rank(run, "unused", name)
+        fixes[name] = {"schedule": recs[0]["schedule"], "without_grad": recs[0]["without_grad"],
+                       "ranks_agree": ranks_agree(recs, "digest"), "max_diff_reference": recs[0]["max_diff_reference"]}
+    cost = per_rank(run, "unused", "cost")
+    variants = list(cost[0]["cpu_s"])
+    return {
+        "error_step": err["step"], "error_first_line": err["first_line"], "error_message": err["message"],
+        "unused_params": [names[i] for i in unused_indices(err["message"])], "param_names": names,
+        **fixes,
+        "static_graph_error": part(run, "unused", "static_graph_error")["first_line"],
+        "cost": {"layers": cost[0]["layers"],
+                 "cpu": {v: timing_stats([t for rec in cost.values() for t in rec["cpu_s"][v]]) for v in variants},
+                 "wall": {v: timing_stats([t for rec in cost.values() for t in rec["wall_s"][v]]) for v in variants},
+                 "paired_cpu": {v: paired_cost(run, v) for v in variants[1:]},
+                 "paired_wall": {v: paired_cost(run, v, "wall_s") for v in variants[1:]}},
+    }
+
+
+def format_unused_error(summary: dict) -> str:
+    """The error as the ranks got it, and which parameters it was about."""
+    wrapped = "\n".join(textwrap.fill(line, 100) for line in summary["error_message"].splitlines())
+    return (f"plain DDP(model) failed at step {summary['error_step']} (steps 0, 2, 4 use the aux head):\n"
+            f"{wrapped}\n\nparameter indices in the message -> names: {', '.join(summary['unused_params'])}")
+
+
+def format_unused_fixes(summary: dict) -> str:
+    """Per fix: which parameters had no gradient per step, and the match with one process."""
+    lines = []
+    for name in ("find_unused", "static_graph"):
+        f = summary[name]
+        skipped = ["-" if not names else "+".join(n.split(".")[0] for n in names) for names in f["without_grad"]]
+        lines.append(f"{name:<13} schedule '{f['schedule']}': no gradient per step: {' '.join(skipped)}; "
+                     f"ranks identical: {f['ranks_agree']}; vs one process: {f['max_diff_reference']:.1e}")
+    lines.append(f"static_graph on the alternating schedule: {summary['static_graph_error'][:160]}...")
+    return "\n".join(lines)
+
+
+def format_unused_cost(summary: dict) -> str:
+    """Medians per wrapping, then each flag's paired extra cost per step."""
+    c = summary["cost"]
+    lines = [f"{c['layers']} layers, one backward of each wrapping in turn; per step, ms (median [quartiles]):",
+             f"{'wrapping':<24}{'CPU of this thread':>24}{'wall clock':>24}"]
+    for v in c["cpu"]:
+        cpu, wall = c["cpu"][v], c["wall"][v]
+        lines.append(f"{v:<24}{cpu['median_ms']:>8.2f} [{cpu['q1_ms']:5.2f}, {cpu['q3_ms']:5.2f}]"
+                     f"{wall['median_ms']:>10.2f} [{wall['q1_ms']:5.2f}, {wall['q3_ms']:5.2f}]")
+    for v, p in c["paired_cpu"].items():
+        w = c["paired_wall"][v]
+        lines.append(f"{v}: {p['median_ms']:+.3f} ms CPU per step ({100 * p['relative']:+.1f} %), slower in "
+                     f"{100 * p['slower_fraction']:.0f} % of {p['steps']} paired steps; wall {w['median_ms']:+.3f} ms "
+                     f"({100 * w['relative']:+.1f} %)")
+    return "\n".join(lines)

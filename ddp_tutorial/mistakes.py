@@ -1,0 +1,63 @@
+"""The original demo's mistakes: the one catalogue the ``--bug`` flag, notebook 00 and the README use.
+
+Standard library only, and a leaf: the kernel (``lessons``, ``config``) and the
+ranks (``rank/original.py``, which holds the original's code) both import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """One mistake of the original demo: what goes wrong, the fix, and where it is measured.
+
+    Attributes:
+        name: the ``--bug NAME`` that reproduces it (or, for a mistake in how the
+            original launches, a name for the table).
+        what: what goes wrong.
+        fix: what the kit does instead.
+        notebooks: the notebooks that measure it, e.g. "04" or "01, 05".
+        function: the train.py function whose original version (``ddp_tutorial.rank.original``)
+            ``--bug NAME`` runs; None for a mistake the launcher fixes, not train.py.
+    """
+
+    name: str
+    what: str
+    fix: str
+    notebooks: str
+    function: Optional[str] = None
+
+
+#: Every mistake of the original demo, in the order its code makes them. The
+#: ``--bug`` choices, notebook 00's table and the README's table come from this list.
+MISTAKES = (
+    Mistake("hard-coded-port", "MASTER_PORT=12345 for every run, so two jobs at once collide",
+            "a free port per launch", "01, 05"),
+    Mistake("default-threads", "8 processes with torch's default thread count each, on a small machine",
+            "one torch thread per rank", "01"),
+    Mistake("per-rank-data", "every rank draws its own random data",
+            "one dataset from a seed all ranks share; the sampler splits it", "03", "make_inputs"),
+    Mistake("no-set-epoch", "sampler.set_epoch(epoch) is never called, so every epoch repeats one order",
+            "start_epoch calls it at the start of every epoch", "03", "start_epoch"),
+    Mistake("random-labels", "fresh random labels every step, so there is nothing to learn",
+            "targets from a fixed, seeded teacher network", "00, 04", "loss_fn"),
+    Mistake("sync-schedule", "sync and step on step % K == 0, so the first update follows one micro-batch, "
+            "an epoch's last micro-batches join the next epoch's first update, and the last epoch's are "
+            "never applied",
+            "sync on the last micro-batch of each window of K; a shorter last window still steps",
+            "04", "sync_schedule"),
+    Mistake("forward-outside-no-sync", "forward() runs outside no_sync(), so no_sync() skips nothing",
+            "forward and backward both inside no_sync()", "04", "micro_step"),
+    Mistake("loss-not-scaled", "the loss is not divided by K, so the accumulated gradient is K times "
+            "too large", "each loss divided by its window's size: one K times larger batch, exactly",
+            "04", "loss_divisors"),
+)
+
+#: ``--bug NAME`` -> what goes wrong: the mistakes train.py can reproduce.
+BUGS = {m.name: m.what for m in MISTAKES if m.function}
+
+#: ``--bug NAME`` -> the train.py function whose original version it runs.
+BUG_FUNCTIONS: Dict[str, str] = {m.name: m.function for m in MISTAKES if m.function}
