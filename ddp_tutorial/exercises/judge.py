@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from ddp_tutorial.exercises.runs import HarnessRun, process_alive
+from ddp_tutorial.exercises.runs import HarnessRun
+from ddp_tutorial.launcher import procgroup
 from ddp_tutorial.lessons import port_can_be_bound
 from ddp_tutorial.exercises.settings import ACCUM_STEPS, EPOCHS, FAIL_AT_CALL, FAIL_RANK
 
@@ -581,7 +582,7 @@ def destroyed_everywhere(attempt: HarnessRun) -> Criterion:
 
 def nothing_left(attempts: Sequence[HarnessRun]) -> Criterion:
     pids = [pid for a in attempts for pid in a.pids]
-    left = [pid for pid in pids if process_alive(pid)]
+    left = [pid for pid in pids if procgroup.alive(pid)]
     if left:
         return Criterion(NOTHING_LEFT, False, f"process(es) {left} still alive after the run")
     return Criterion(NOTHING_LEFT, True, f"the {len(pids)} processes started ({', '.join(map(str, pids))}) are gone")

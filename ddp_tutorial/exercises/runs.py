@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 import ddp_tutorial
 from ddp_tutorial import runfolder
 from ddp_tutorial.exercises import settings
-from ddp_tutorial.launcher import describe_exit, loopback_interface
+from ddp_tutorial.launcher import describe_exit, loopback_interface, procgroup
 
 HARNESS = Path(__file__).resolve().parent / "workers" / "harness.py"
 PACKAGE_PARENT = Path(ddp_tutorial.__file__).resolve().parent.parent
@@ -267,7 +267,7 @@ def _stop(process: subprocess.Popen, rank_pids: List[int]) -> None:
     except subprocess.TimeoutExpired:
         _signal_group(process.pid, signal.SIGKILL)  # not reaped yet: the group id is still ours
         process.wait()
-    _kill_and_wait([pid for pid in rank_pids if process_alive(pid)])
+    _kill_and_wait([pid for pid in rank_pids if procgroup.alive(pid)])
 
 
 def _kill_and_wait(pids: List[int], timeout: float = STOP_GRACE_S) -> None:
@@ -302,19 +302,3 @@ def _signal_group(pid: int, sig: int) -> None:
     except (ProcessLookupError, PermissionError):
         pass
 
-
-def process_alive(pid: int) -> bool:
-    """Whether ``pid`` is a running process (a zombie, exited but not yet reaped, is not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc here: ask the kernel (a zombie then counts as alive)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True

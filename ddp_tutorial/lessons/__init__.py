@@ -25,7 +25,7 @@ import socket
 from typing import Dict, Iterator, List, Optional, Sequence
 
 from ddp_tutorial import config, mistakes as catalogue
-from ddp_tutorial.launcher import BOOTSTRAP
+from ddp_tutorial.launcher import BOOTSTRAP, procgroup
 from ddp_tutorial.runfolder import Run
 
 # -- Notebook 00: the original demo's mistakes -----------------------------------
@@ -149,16 +149,12 @@ def _code_lines(path: str, function: str) -> List[str]:
 # -- What a launch leaves behind (notebooks 01 and 05) ----------------------------
 def worker_alive(pid: int) -> bool:
     """Is ``pid`` still a running launcher worker (not just any process that reused the pid)?"""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process now has this pid
+    if not procgroup.alive(pid):
         return False
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return BOOTSTRAP.encode() in f.read()
-    except OSError:  # no /proc (not Linux) or it just exited: trust os.kill
+    except OSError:  # no /proc (not Linux) or it just exited: trust alive()
         return True
 
 
