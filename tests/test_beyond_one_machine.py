@@ -8,6 +8,7 @@ in a ``finally``, so a broken rendezvous fails the test instead of hanging it.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -58,16 +59,51 @@ def uninterrupted(tmp_path_factory):
     return run.model_state(), load_checkpoint(ckpt)
 
 
+def doc_command(name: str, doc: Path = REPO / "docs" / "clusters.md"):
+    """The shell command in ``doc`` under ``<!-- command: NAME -->``: (its exported env, its argv).
+
+    The tests run the documented commands themselves, so the docs cannot drift from what is proven.
+    """
+    text = doc.read_text()
+    marker = f"<!-- command: {name} -->"
+    assert marker in text, f"{doc} has no {marker}"
+    block = text.split(marker, 1)[1].split("```", 2)[1]
+    env, argv = {}, []
+    for line in block.split("\n", 1)[1].replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        if words[:1] == ["export"]:
+            env.update(word.split("=", 1) for word in words[1:])
+        elif words:
+            argv = words
+    return env, argv
+
+
+def set_option(argv, flag: str, value) -> list:
+    """``argv`` with ``flag``'s value replaced (the flag must be there)."""
+    i = argv.index(flag)
+    return argv[:i + 1] + [str(value)] + argv[i + 2:]
+
+
 def torchrun(nnodes: int, nproc: int, port: int, run_id: str, out: Path, train_args,
-             max_restarts: int = 0):
-    """Start one torchrun agent (a "node") running ``-m ddp_tutorial.train --out out`` on loopback."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
-           "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts),
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
-           # advertise loopback, not the host name, as the address of node 0's workers
-           "--local-addr", "127.0.0.1",
+             max_restarts: int = 0, shared_store: bool = False):
+    """Start one torchrun agent (a "node") running ``-m ddp_tutorial.train --out out`` on loopback.
+
+    The agent's flags and environment are the documented multi-node command's
+    (docs/clusters.md), with this test's sizes, port, id and training flags;
+    ``shared_store`` drops its TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (torchrun's default,
+    as in the documented one-node command).
+    """
+    doc_env, argv = doc_command("two-nodes-restart")
+    if shared_store:
+        doc_env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+    agent = argv[1:argv.index("-m")]
+    for flag, value in [("--nnodes", nnodes), ("--nproc-per-node", nproc), ("--max-restarts", max_restarts),
+                        ("--rdzv-endpoint", f"127.0.0.1:{port}"), ("--rdzv-id", run_id)]:
+        agent = set_option(agent, flag, value)
+    # --local-addr (in agent): advertise loopback, not the host name, as the address of node 0's workers
+    cmd = [sys.executable, "-m", "torch.distributed.run", *agent,
            "-m", "ddp_tutorial.train", "--out", str(out), *train_args]
-    env = dict(os.environ, OMP_NUM_THREADS="1",
+    env = dict(os.environ, OMP_NUM_THREADS="1", **doc_env,
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     # Inherited by the workers: processes_of_run(out) finds them all, wherever they run.
     env["DDP_TUTORIAL_RUN_DIR"] = str(Path(out).resolve())
@@ -78,23 +114,34 @@ def torchrun(nnodes: int, nproc: int, port: int, run_id: str, out: Path, train_a
 def wait_agents(agents, out: Path, timeout: float):
     """Each agent's (exit code, output); then kills the agents and every worker they started.
 
+    A run past ``timeout`` (a hang) fails the test with each agent's last output.
     torchrun starts each worker in its own session, so killing the agent's process
     group would miss them; they carry the agents' DDP_TUTORIAL_RUN_DIR instead.
+    Asserts that no rank outlived its agent.
     """
     deadline = time.monotonic() + timeout
-    results = []
+    results, hung = [], False
     try:
         for agent in agents:
-            output, _ = agent.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            try:
+                output, _ = agent.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                hung = True
+                break
             results.append((agent.returncode, output))
+        left = [] if hung else processes_of_run(out)  # every agent has exited: nothing of the run may be left
     finally:
         for pid in processes_of_run(out):
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        for agent in agents:
-            agent.wait()
+        outputs = [agent.communicate()[0] for agent in agents[len(results):]]
+    if hung:
+        tails = "\n".join(f"--- agent {i} ---\n{(text or '')[-2000:]}" for i, text in
+                          enumerate([o for _, o in results] + outputs))
+        pytest.fail(f"the agents did not finish within {timeout:.0f} s (a hang); killed them.\n{tails}")
+    assert not left, f"rank processes outlived their agents: {left}"
     return results
 
 
@@ -205,13 +252,53 @@ def test_torchrun_max_restarts_resumes_from_the_last_checkpoint(tmp_path, uninte
     out = tmp_path / "run"
     args = SMALL + SAVE + ["--checkpoint", str(tmp_path / "ckpt.pt"),
                            "--fail-at-step", "13", "--fail-rank", "1"]
-    agent = torchrun(1, 2, free_port(), f"restart-{uuid.uuid4().hex[:8]}", out, args, max_restarts=1)
+    agent = torchrun(1, 2, free_port(), f"restart-{uuid.uuid4().hex[:8]}", out, args, max_restarts=1,
+                     shared_store=True)
     [(code, output)] = wait_agents([agent], out, timeout=150)
     assert code == 0, output[-3000:]
     assert "injected failure (raise) at step 13" in output
     run = Run(out)
     assert_resumed_after_restart(run)
     assert_same_params(run.model_state(), uninterrupted[0])
+
+
+def documented_restart_args(ckpt: Path, fail_rank: int) -> list:
+    """The training flags of the documented two-node restart, with this test's checkpoint and failing rank."""
+    _env, argv = doc_command("two-nodes-restart")
+    args = argv[argv.index("ddp_tutorial.train") + 1:]
+    return set_option(set_option(args, "--checkpoint", ckpt), "--fail-rank", fail_rank)
+
+
+@pytest.fixture(scope="module")
+def four_ranks_uninterrupted(tmp_path_factory):
+    """The documented two-node run's training on 4 ranks of one launch, nothing failing: its final model."""
+    folder = tmp_path_factory.mktemp("four_ranks")
+    args = documented_restart_args(folder / "ckpt.pt", 0)
+    args = args[:args.index("--straggler-ms")]  # no delays, no failure: they change no number
+    return launch(TRAIN_SCRIPT, 4, args, run_dir=folder / "run", echo="none", timeout=120).model_state()
+
+
+# The second node's rank 3, or the first node's rank 1, fails at micro-step 7 while the
+# other node's ranks are still in their straggler delay: that node's agent sees its workers
+# healthy and restarts them only because a node rejoined (no TORCHELASTIC_RESTART_COUNT raise).
+@pytest.mark.parametrize("fail_rank", [3, 1], ids=["second-node-fails", "first-node-fails"])
+def test_two_nodes_restart_when_one_node_fails_while_the_other_computes(tmp_path, fail_rank,
+                                                                       four_ranks_uninterrupted):
+    out = tmp_path / "run"
+    args = documented_restart_args(tmp_path / "ckpt.pt", fail_rank)
+    port, run_id = free_port(), f"restart2-{uuid.uuid4().hex[:8]}"
+    agents = [torchrun(2, 2, port, run_id, out, args, max_restarts=1) for _node in range(2)]
+    results = wait_agents(agents, out, timeout=180)
+    for code, output in results:
+        assert code == 0, output[-4000:]
+    assert sum("injected failure (raise) at step 7" in output for _, output in results) == 1
+    run = Run(out)
+    assert run.ranks == [0, 1, 2, 3]
+    for rank in run.ranks:  # every rank agrees that one restart happened, whichever agent counted it
+        resumes = [(e["attempt"], e["step"]) for e in run.events[rank] if e["kind"] == "resume"]
+        assert resumes == [(1, 6)], (rank, resumes)  # the last save: after step 6, mid-epoch 1
+        assert [s["step"] for s in run.steps[rank] if s["attempt"] == 1] == [6, 7]
+    assert_same_params(run.model_state(), four_ranks_uninterrupted)
 
 
 def test_launch_max_restarts_resumes_from_the_last_checkpoint(tmp_path, uninterrupted):
