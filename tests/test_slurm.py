@@ -1,0 +1,147 @@
+"""The shipped sbatch script on a real SLURM cluster started on this machine (nothing mocked).
+
+One controller and two nodes on 127.0.0.1 (``ddp_tutorial.lessons.beyond.slurm``),
+started once for the module and stopped by their pids at the end. Each job is
+the documented ``sbatch --wait`` command (docs/clusters.md); a job that
+outlives its deadline is cancelled and fails the test. Where SLURM cannot run
+(not installed, not root), every test here is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import pid_alive, processes_of_run
+from test_beyond_one_machine import assert_same_params, doc_command, set_option
+
+from ddp_tutorial import TRAIN_SCRIPT, free_port, launch
+from ddp_tutorial.lessons.beyond import slurm
+from ddp_tutorial.runfolder import Run
+
+REPO = Path(__file__).resolve().parents[1]
+WHY_NOT = slurm.missing()
+pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"no local SLURM cluster: {WHY_NOT}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A running local cluster; afterwards every daemon it started is gone."""
+    local = slurm.LocalCluster(tmp_path_factory.mktemp("slurm"))
+    local.start()
+    started = local.pids()
+    try:
+        yield local
+    finally:
+        local.stop()
+    assert not [pid for pid in started.values() if pid_alive(pid)], "a SLURM daemon outlived stop()"
+
+
+def documented_submit():
+    """The documented sbatch command as argv: (sbatch, its options, the script path, train.py's flags)."""
+    _env, argv = doc_command("slurm-submit")
+    assert argv[0] == "sbatch"
+    script = next(i for i, word in enumerate(argv) if word.endswith("train.sbatch"))
+    assert (REPO / argv[script]).resolve() == Path(slurm.SBATCH_SCRIPT)
+    return argv[1:script], str(REPO / argv[script]), argv[script + 1:]
+
+
+def job_env(cluster, folder: Path) -> dict:
+    """What the submitting shell would hold: the cluster, torchrun on PATH, this checkout, a free port."""
+    env = cluster.env
+    env.update(PATH=os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]]),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+               OMP_NUM_THREADS="1", RDZV_PORT=str(free_port()),
+               DDP_TUTORIAL_RUN_DIR=str(folder / "runs" / "slurm" / "run"))  # what processes_of_run finds
+    return env
+
+
+def sbatch(cluster, folder: Path, extra_flags=(), timeout: float = 90.0, wait: bool = True):
+    """Submit the documented command from ``folder``; with ``wait``, (exit code, the job's output)."""
+    options, script, flags = documented_submit()
+    name = f"ddp-tutorial-test-{uuid.uuid4().hex[:8]}"
+    cmd = [slurm.which("sbatch"), f"--job-name={name}", *options, script, *flags, *extra_flags]
+    if not wait:
+        cmd = [cmd[0], "--parsable", *[c for c in cmd[1:] if c != "--wait"]]
+        return subprocess.run(cmd, cwd=folder, env=job_env(cluster, folder), capture_output=True, text=True,
+                              timeout=30, check=True).stdout.strip()
+    try:
+        done = subprocess.run(cmd, cwd=folder, env=job_env(cluster, folder), capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        cluster.run("scancel", f"--name={name}", check=False)
+        pytest.fail(f"the job did not end within {timeout:.0f} s; cancelled it.\n{job_output(folder)[-3000:]}"
+                    f"\n{cluster.log_tails()}")
+    return done.returncode, job_output(folder)
+
+
+def job_output(folder: Path) -> str:
+    """What the job wrote to the documented ``--output`` file (relative to where it was submitted)."""
+    options = documented_submit()[0]
+    out = folder / options[options.index("--output") + 1]
+    return out.read_text() if out.exists() else ""
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory):
+    """The documented job's training as one 4-rank ``launch``: its final model."""
+    flags = documented_submit()[2]
+    folder = tmp_path_factory.mktemp("four_ranks")
+    flags = set_option(set_option(flags, "--checkpoint", folder / "ckpt.pt"), "--out", folder / "run")
+    return launch(TRAIN_SCRIPT, 4, flags, run_dir=folder / "run", echo="none", timeout=120).model_state()
+
+
+def test_the_sbatch_script_on_two_nodes_matches_a_four_rank_launch(cluster, tmp_path, four_ranks):
+    code, output = sbatch(cluster, tmp_path)
+    assert code == 0, output[-3000:]
+    run = Run(tmp_path / "runs" / "slurm" / "run")
+    assert run.ranks == [0, 1, 2, 3] and {run.summaries[r]["world_size"] for r in run.ranks} == {4}
+    assert_same_params(run.model_state(), four_ranks)
+    assert not processes_of_run(run.run_dir)
+
+
+def test_a_rank_that_fails_once_is_restarted_inside_the_allocation(cluster, tmp_path, four_ranks):
+    code, output = sbatch(cluster, tmp_path, ["--fail-at-step", "7", "--fail-rank", "3"])
+    assert code == 0, output[-3000:]
+    assert "injected failure (raise) at step 7" in output
+    run = Run(tmp_path / "runs" / "slurm" / "run")
+    for rank in run.ranks:  # one restart, from the save after step 6, agreed by every rank
+        assert [(e["attempt"], e["step"]) for e in run.events[rank] if e["kind"] == "resume"] == [(1, 6)]
+    assert_same_params(run.model_state(), four_ranks)
+    assert not processes_of_run(run.run_dir)
+
+
+def test_scancel_leaves_no_rank_behind(cluster, tmp_path):
+    # Long enough to be cancelled mid-training: many epochs, each step delayed.
+    job = sbatch(cluster, tmp_path, ["--epochs", "50", "--straggler-ms", "200"], wait=False)
+    run_dir = tmp_path / "runs" / "slurm" / "run"
+    deadline = time.monotonic() + 60
+    while not all((run_dir / f"rank{r}.jsonl").exists() for r in range(4)):  # every rank is training
+        assert time.monotonic() < deadline, f"the job's ranks never started:\n{job_output(tmp_path)}"
+        time.sleep(0.2)  # polling the run folder
+    assert len(processes_of_run(run_dir)) >= 4
+    cluster.run("scancel", job)
+    deadline = time.monotonic() + 60
+    while cluster.run("squeue", "--noheader", f"--jobs={job}", check=False).stdout.strip():
+        assert time.monotonic() < deadline, "the cancelled job never left the queue"
+        time.sleep(0.2)  # polling the controller
+    assert not processes_of_run(run_dir), "rank processes outlived the cancelled job"
+
+
+def test_a_stopped_cluster_starts_again_clean(tmp_path):
+    first = slurm.LocalCluster(tmp_path / "cluster").start()
+    pids = first.pids()
+    assert sorted(pids) == ["munged", "slurmctld", "slurmd-node1", "slurmd-node2"]
+    assert sorted(first.stop()) == sorted(pids)
+    assert not [pid for pid in pids.values() if pid_alive(pid)] and not first.is_up()
+    again = slurm.LocalCluster(tmp_path / "cluster").start()  # the same folder: nothing left in the way
+    try:
+        assert again.idle_nodes() == ["node1", "node2"]
+        assert again.squeue().splitlines()[1:] == []  # no job carried over
+    finally:
+        again.stop()
