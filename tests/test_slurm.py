@@ -9,9 +9,7 @@ outlives its deadline is cancelled and fails the test. Where SLURM cannot run
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -20,7 +18,7 @@ import pytest
 from conftest import pid_alive, processes_of_run
 from test_beyond_one_machine import assert_same_params, doc_command, set_option
 
-from ddp_tutorial import TRAIN_SCRIPT, free_port, launch
+from ddp_tutorial import TRAIN_SCRIPT, launch
 from ddp_tutorial.lessons.beyond import slurm
 from ddp_tutorial.runfolder import Run
 
@@ -52,13 +50,8 @@ def documented_submit():
 
 
 def job_env(cluster, folder: Path) -> dict:
-    """What the submitting shell would hold: the cluster, torchrun on PATH, this checkout, a free port."""
-    env = cluster.env
-    env.update(PATH=os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]]),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
-               OMP_NUM_THREADS="1", RDZV_PORT=str(free_port()),
-               DDP_TUTORIAL_RUN_DIR=str(folder / "runs" / "slurm" / "run"))  # what processes_of_run finds
-    return env
+    """What the submitting shell would hold, and the run folder that processes_of_run looks for."""
+    return cluster.job_env(DDP_TUTORIAL_RUN_DIR=str(folder / "runs" / "slurm" / "run"))
 
 
 def sbatch(cluster, folder: Path, extra_flags=(), timeout: float = 90.0, wait: bool = True):
@@ -67,9 +60,8 @@ def sbatch(cluster, folder: Path, extra_flags=(), timeout: float = 90.0, wait: b
     name = f"ddp-tutorial-test-{uuid.uuid4().hex[:8]}"
     cmd = [slurm.which("sbatch"), f"--job-name={name}", *options, script, *flags, *extra_flags]
     if not wait:
-        cmd = [cmd[0], "--parsable", *[c for c in cmd[1:] if c != "--wait"]]
-        return subprocess.run(cmd, cwd=folder, env=job_env(cluster, folder), capture_output=True, text=True,
-                              timeout=30, check=True).stdout.strip()
+        return cluster.submit([*flags, *extra_flags], folder, job_env(cluster, folder),
+                              [f"--job-name={name}", *[o for o in options if o != "--wait"]])
     try:
         done = subprocess.run(cmd, cwd=folder, env=job_env(cluster, folder), capture_output=True, text=True,
                               timeout=timeout)
@@ -125,11 +117,9 @@ def test_scancel_leaves_no_rank_behind(cluster, tmp_path):
         assert time.monotonic() < deadline, f"the job's ranks never started:\n{job_output(tmp_path)}"
         time.sleep(0.2)  # polling the run folder
     assert len(processes_of_run(run_dir)) >= 4
+    assert f"{job} " in cluster.squeue() and "RUNNING" in cluster.squeue()
     cluster.run("scancel", job)
-    deadline = time.monotonic() + 60
-    while cluster.run("squeue", "--noheader", f"--jobs={job}", check=False).stdout.strip():
-        assert time.monotonic() < deadline, "the cancelled job never left the queue"
-        time.sleep(0.2)  # polling the controller
+    cluster.wait_gone(job, timeout=60)
     assert not processes_of_run(run_dir), "rank processes outlived the cancelled job"
 
 

@@ -20,10 +20,11 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from ddp_tutorial.launcher import free_port
 
@@ -114,6 +115,16 @@ class LocalCluster:
     def env(self) -> Dict[str, str]:
         """This environment plus SLURM_CONF: what sbatch, squeue and scancel need to find the cluster."""
         return dict(os.environ, SLURM_CONF=str(self.conf))
+
+    def job_env(self, **extra: str) -> Dict[str, str]:
+        """The environment to submit a job from: ``env``, this Python's torchrun first on PATH,
+        this checkout importable, one thread per rank, a free rendezvous port (``RDZV_PORT``), and ``extra``."""
+        env = self.env
+        checkout = str(HERE.parents[3])
+        env.update(PATH=os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")]),
+                   PYTHONPATH=os.pathsep.join(filter(None, [checkout, env.get("PYTHONPATH")])),
+                   OMP_NUM_THREADS="1", RDZV_PORT=str(free_port()), **extra)
+        return env
 
     def pids(self) -> Dict[str, int]:
         """The daemons ``start`` wrote down that still run, by name (a reused pid is not one of them)."""
@@ -221,6 +232,31 @@ class LocalCluster:
         """``squeue``'s table of this cluster's jobs."""
         return self.run("squeue", "--format=%.8i %.12j %.8T %.6D %R").stdout
 
+    def submit(self, args: Sequence[str], cwd, env: Optional[Dict[str, str]] = None,
+               options: Sequence[str] = ()) -> str:
+        """Submit the kit's sbatch script with train.py flags ``args`` from folder ``cwd``; returns the job id.
+
+        Args:
+            args: flags for ``ddp_tutorial.train``.
+            cwd: where the job runs (relative paths in ``args`` are from here).
+            env: the submitting environment (default: this one plus SLURM_CONF); sbatch passes it on.
+            options: sbatch options before the script (``--output``, ``--job-name``, ...).
+        """
+        cmd = [which("sbatch"), "--parsable", *options, SBATCH_SCRIPT, *map(str, args)]
+        result = subprocess.run(cmd, cwd=cwd, env=env or self.env, capture_output=True, text=True, timeout=30)
+        if result.returncode != 0:
+            raise ClusterError(f"sbatch exited {result.returncode}: {result.stderr.strip()}")
+        return result.stdout.strip().split(";")[0]
+
+    def wait_gone(self, job: str, timeout: float) -> None:
+        """Wait until ``job`` has left the queue (ended, its processes reaped by slurmd).
+
+        Raises:
+            ClusterError: it is still there after ``timeout`` s.
+        """
+        _wait_for(lambda: not self.run("squeue", "--noheader", f"--jobs={job}", check=False).stdout.strip(),
+                  timeout, f"job {job} gone from the queue")
+
     def log_tails(self, lines: int = 8) -> str:
         """The last lines of each daemon's log (what to read when it does not start)."""
         parts = []
@@ -261,3 +297,38 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
+
+
+def sbatch_source() -> str:
+    """The shipped sbatch script, read from its file (what ``sbatch`` runs)."""
+    return Path(SBATCH_SCRIPT).read_text()
+
+
+def local_job_demo(cluster: Optional[LocalCluster] = None, folder=None, timeout: float = 120.0) -> str:
+    """If the local cluster is up: a small 2-node x 2-rank job of train.py, its queue entry and output.
+
+    Otherwise a line that says why not (SLURM missing, or not started) and how to start it.
+    Nothing is started here: the cluster is the learner's (``python -m ddp_tutorial.lessons.beyond.slurm start``).
+
+    Args:
+        cluster: default ``LocalCluster()`` (the ``start`` command's folder).
+        folder: where the job runs and writes; default a new folder under ``runs/``.
+        timeout: seconds the job may take.
+    """
+    why = missing()
+    if why:
+        return f"SLURM is not available on this machine: {why}. The script above is what you would submit."
+    cluster = cluster or LocalCluster()
+    if not cluster.is_up():
+        return ("The local SLURM cluster is not running. Start it (as root) with\n"
+                "    python -m ddp_tutorial.lessons.beyond.slurm start\n"
+                "and run this cell again; stop it afterwards with the same command and `stop`.")
+    Path("runs").mkdir(exist_ok=True)
+    folder = Path(folder or tempfile.mkdtemp(prefix="08-slurm-", dir="runs")).resolve()
+    env = cluster.job_env()
+    job = cluster.submit(["--dataset-size", "128", "--batch-size", "8", "--accum-steps", "2", "--epochs", "2",
+                          "--out", "run"], cwd=folder, env=env, options=["--output", "job.out"])
+    queue = cluster.squeue()
+    cluster.wait_gone(job, timeout)
+    output = (folder / "job.out").read_text() if (folder / "job.out").exists() else "(no output)"
+    return f"$ squeue  (just after sbatch)\n{queue}\n$ cat job.out  (job {job}, ended)\n{output}"
