@@ -7,6 +7,7 @@ in a ``finally``, so a broken rendezvous fails the test instead of hanging it.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -162,6 +163,38 @@ def test_two_torchrun_agents_as_two_nodes_match_a_single_node_run(tmp_path):
     assert two_nodes.ranks == [0, 1, 2, 3]
     assert {two_nodes.summaries[r]["world_size"] for r in two_nodes.ranks} == {4}
     assert_same_params(two_nodes.model_state(), single.model_state())
+
+
+def test_the_multi_node_commands_shown_are_the_tested_ones():
+    """docs/clusters.md's real-cluster command is the tested loopback one but for where the nodes are,
+    and notebook 08 shows it as it is there."""
+    env, real = doc_command("multi-node")
+    tested_env, tested = doc_command("two-nodes-restart")
+    assert env == tested_env == {instrument.FRESH_STORE_ENV: "1"}
+    where = {"--nproc-per-node", "--rdzv-endpoint", "--rdzv-id", "--local-addr"}
+
+    def agent_flags(argv):
+        agent = argv[1:argv.index("-m")]
+        return {f: v for f, v in zip(agent[::2], agent[1::2]) if f not in where}
+    assert agent_flags(real) == agent_flags(tested)
+    text = (REPO / "docs" / "clusters.md").read_text()
+    block = text.split("<!-- command: multi-node -->\n", 1)[1].split("```", 2)[1].split("\n", 1)[1]
+    notebook = (REPO / "notebooks" / "08_beyond_one_machine.ipynb").read_text()
+    assert all(json_line in notebook for json_line in (json.dumps(line)[1:-1] for line in block.splitlines()))
+
+
+def test_several_agents_that_may_restart_are_refused_the_shared_store(monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    with pytest.raises(RuntimeError, match=f"export {instrument.FRESH_STORE_ENV}=1"):
+        instrument.restart_safe_store(5.0)
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")  # no restart: the shared store is safe
+    assert instrument.restart_safe_store(5.0) is None
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")  # the fresh store per round
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
+    assert instrument.restart_safe_store(5.0) is None
 
 
 # -- Checkpoint and exact resume ------------------------------------------------

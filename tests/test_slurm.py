@@ -4,7 +4,7 @@ One controller and two nodes on 127.0.0.1 (``ddp_tutorial.lessons.beyond.slurm``
 started once for the module and stopped by their pids at the end. Each job is
 the documented ``sbatch --wait`` command (docs/clusters.md); a job that
 outlives its deadline is cancelled and fails the test. Where SLURM cannot run
-(not installed, not root), every test here is skipped with the reason.
+(not installed, not root), those tests are skipped with the reason.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ddp_tutorial.runfolder import Run
 
 REPO = Path(__file__).resolve().parents[1]
 WHY_NOT = slurm.missing()
-pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"no local SLURM cluster: {WHY_NOT}")
+needs_slurm = pytest.mark.skipif(WHY_NOT is not None, reason=f"no local SLURM cluster: {WHY_NOT}")
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +88,7 @@ def four_ranks(tmp_path_factory):
     return launch(TRAIN_SCRIPT, 4, flags, run_dir=folder / "run", echo="none", timeout=120).model_state()
 
 
+@needs_slurm
 def test_the_sbatch_script_on_two_nodes_matches_a_four_rank_launch(cluster, tmp_path, four_ranks):
     code, output = sbatch(cluster, tmp_path)
     assert code == 0, output[-3000:]
@@ -97,6 +98,7 @@ def test_the_sbatch_script_on_two_nodes_matches_a_four_rank_launch(cluster, tmp_
     assert not processes_of_run(run.run_dir)
 
 
+@needs_slurm
 def test_a_rank_that_fails_once_is_restarted_inside_the_allocation(cluster, tmp_path, four_ranks):
     code, output = sbatch(cluster, tmp_path, ["--fail-at-step", "7", "--fail-rank", "3"])
     assert code == 0, output[-3000:]
@@ -108,6 +110,7 @@ def test_a_rank_that_fails_once_is_restarted_inside_the_allocation(cluster, tmp_
     assert not processes_of_run(run.run_dir)
 
 
+@needs_slurm
 def test_scancel_leaves_no_rank_behind(cluster, tmp_path):
     # Long enough to be cancelled mid-training: many epochs, each step delayed.
     job = sbatch(cluster, tmp_path, ["--epochs", "50", "--straggler-ms", "200"], wait=False)
@@ -123,6 +126,7 @@ def test_scancel_leaves_no_rank_behind(cluster, tmp_path):
     assert not processes_of_run(run_dir), "rank processes outlived the cancelled job"
 
 
+@needs_slurm
 def test_a_stopped_cluster_starts_again_clean(tmp_path):
     first = slurm.LocalCluster(tmp_path / "cluster").start()
     pids = first.pids()
@@ -135,3 +139,9 @@ def test_a_stopped_cluster_starts_again_clean(tmp_path):
         assert again.squeue().splitlines()[1:] == []  # no job carried over
     finally:
         again.stop()
+
+
+def test_the_guide_shows_the_shipped_script_as_it_is():
+    text = (REPO / "docs" / "clusters.md").read_text()
+    shown = text.split("<!-- file: ddp_tutorial/lessons/beyond/slurm/train.sbatch -->\n", 1)[1]
+    assert shown.split("```", 2)[1].split("\n", 1)[1] == Path(slurm.SBATCH_SCRIPT).read_text()
