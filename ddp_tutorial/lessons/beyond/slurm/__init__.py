@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from ddp_tutorial.exercises.runs import process_alive
 from ddp_tutorial.launcher import free_port
 
 HERE = Path(__file__).resolve().parent
@@ -91,14 +92,6 @@ def missing() -> Optional[str]:
     return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
 class LocalCluster:
     """A controller and two nodes on 127.0.0.1, all of its files in ``folder``.
 
@@ -141,7 +134,7 @@ class LocalCluster:
                 words = f.read().decode(errors="replace").split("\0")
         except (FileNotFoundError, ProcessLookupError):
             return False
-        return (_alive(pid) and os.path.basename(words[0]) == name.split("-")[0]
+        return (process_alive(pid) and os.path.basename(words[0]) == name.split("-")[0]
                 and any(str(self.folder) in w for w in words))
 
     def is_up(self) -> bool:
@@ -204,7 +197,7 @@ class LocalCluster:
         for pid in pids.values():
             _signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+        while any(process_alive(p) for p in pids.values()) and time.monotonic() < deadline:
             time.sleep(0.05)  # polling the daemons' exit
         for pid in pids.values():
             _signal(pid, signal.SIGKILL)
@@ -317,7 +310,7 @@ def local_job_demo(cluster: Optional[LocalCluster] = None, folder=None, timeout:
     """
     why = missing()
     if why:
-        return f"SLURM is not available on this machine: {why}. The script above is what you would submit."
+        return f"No local SLURM cluster here: {why}. The script above is what you would submit on a cluster."
     cluster = cluster or LocalCluster()
     if not cluster.is_up():
         return ("The local SLURM cluster is not running. Start it (as root) with\n"
@@ -328,7 +321,8 @@ def local_job_demo(cluster: Optional[LocalCluster] = None, folder=None, timeout:
     env = cluster.job_env()
     job = cluster.submit(["--dataset-size", "128", "--batch-size", "8", "--accum-steps", "2", "--epochs", "2",
                           "--out", "run"], cwd=folder, env=env, options=["--output", "job.out"])
-    queue = cluster.squeue()
+    _wait_for(lambda: "PENDING" not in cluster.squeue(), timeout, f"job {job} started")
+    queue = cluster.squeue()  # while it runs: one job on node[1-2]
     cluster.wait_gone(job, timeout)
     output = (folder / "job.out").read_text() if (folder / "job.out").exists() else "(no output)"
-    return f"$ squeue  (just after sbatch)\n{queue}\n$ cat job.out  (job {job}, ended)\n{output}"
+    return f"$ squeue  (while the job runs)\n{queue}\n$ cat job.out  (job {job}, ended)\n{output}"
