@@ -60,22 +60,33 @@ def job_env(cluster, folder: Path) -> dict:
     return cluster.job_env(DDP_TUTORIAL_RUN_DIR=str(folder / "runs" / "slurm" / "run"))
 
 
-def sbatch(cluster, folder: Path, extra_flags=(), timeout: float = 90.0, wait: bool = True):
-    """Submit the documented command from ``folder``; with ``wait``, (exit code, the job's output)."""
+def start_job(cluster, folder: Path, extra_flags=(), wait: bool = True):
+    """Submit the documented command from ``folder`` (train.py flags ``extra_flags`` added).
+
+    Returns:
+        with ``wait``: (job name, the running ``sbatch --wait``); else the job id.
+    """
     options, script, flags = documented_submit()
     name = f"ddp-tutorial-test-{uuid.uuid4().hex[:8]}"
-    cmd = [slurm.which("sbatch"), f"--job-name={name}", *options, script, *flags, *extra_flags]
     if not wait:
         return cluster.submit([*flags, *extra_flags], folder, job_env(cluster, folder),
                               [f"--job-name={name}", *[o for o in options if o != "--wait"]])
+    cmd = [slurm.which("sbatch"), f"--job-name={name}", *options, script, *flags, *extra_flags]
+    return name, subprocess.Popen(cmd, cwd=folder, env=job_env(cluster, folder), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+
+
+def finish_job(cluster, folder: Path, name: str, sbatch, timeout: float = 150.0):
+    """``sbatch --wait``'s exit status (the job's) and the job's output; past ``timeout`` s, scancel and fail."""
     try:
-        done = subprocess.run(cmd, cwd=folder, env=job_env(cluster, folder), capture_output=True, text=True,
-                              timeout=timeout)
+        sbatch.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         cluster.run("scancel", f"--name={name}", check=False)
+        sbatch.kill()
+        sbatch.communicate()
         pytest.fail(f"the job did not end within {timeout:.0f} s; cancelled it.\n{job_output(folder)[-3000:]}"
                     f"\n{cluster.log_tails()}")
-    return done.returncode, job_output(folder)
+    return sbatch.returncode, job_output(folder)
 
 
 def job_output(folder: Path) -> str:
@@ -85,41 +96,58 @@ def job_output(folder: Path) -> str:
     return out.read_text() if out.exists() else ""
 
 
+#: The two jobs that run to the end: the documented one, and the same with rank 3 (node 2) failing once.
+JOBS = {"uninterrupted": [], "fails-once": ["--fail-at-step", "7", "--fail-rank", "3"]}
+
+
 @pytest.fixture(scope="module")
-def four_ranks(tmp_path_factory):
-    """The documented job's training as one 4-rank ``launch``: its final model."""
-    flags = documented_submit()[2]
-    folder = tmp_path_factory.mktemp("four_ranks")
-    flags = set_option(set_option(flags, "--checkpoint", folder / "ckpt.pt"), "--out", folder / "run")
-    return launch(TRAIN_SCRIPT, 4, flags, run_dir=folder / "run", echo="none", timeout=120).model_state()
+def jobs(cluster, tmp_path_factory):
+    """Both ``JOBS``, submitted together (each node has a CPU for each), and a 4-rank ``launch`` of
+    the documented training while they run: ({name: (exit status, output, run folder)}, its final model)."""
+    folders = {name: tmp_path_factory.mktemp(name) for name in JOBS}
+    started = {name: start_job(cluster, folders[name], flags) for name, flags in JOBS.items()}
+    try:
+        flags = documented_submit()[2]
+        here = tmp_path_factory.mktemp("four_ranks")
+        flags = set_option(set_option(flags, "--checkpoint", here / "ckpt.pt"), "--out", here / "run")
+        reference = launch(TRAIN_SCRIPT, 4, flags, run_dir=here / "run", echo="none", timeout=120).model_state()
+        done = {name: (*finish_job(cluster, folders[name], *started[name]),
+                       folders[name] / "runs" / "slurm" / "run") for name in JOBS}
+    finally:  # a failure above leaves no job running
+        for name, sbatch in started.values():
+            if sbatch.poll() is None:
+                cluster.run("scancel", f"--name={name}", check=False)
+                sbatch.kill()
+                sbatch.communicate()
+    return done, reference
 
 
 @needs_slurm
-def test_the_sbatch_script_on_two_nodes_matches_a_four_rank_launch(cluster, tmp_path, four_ranks):
-    code, output = sbatch(cluster, tmp_path)
+def test_the_sbatch_script_on_two_nodes_matches_a_four_rank_launch(jobs):
+    (code, output, run_dir), four_ranks = jobs[0]["uninterrupted"], jobs[1]
     assert code == 0, output[-3000:]
-    run = Run(tmp_path / "runs" / "slurm" / "run")
+    run = Run(run_dir)
     assert run.ranks == [0, 1, 2, 3] and {run.summaries[r]["world_size"] for r in run.ranks} == {4}
     assert_same_params(run.model_state(), four_ranks)
-    assert not processes_of_run(run.run_dir)
+    assert not processes_of_run(run_dir)
 
 
 @needs_slurm
-def test_a_rank_that_fails_once_is_restarted_inside_the_allocation(cluster, tmp_path, four_ranks):
-    code, output = sbatch(cluster, tmp_path, ["--fail-at-step", "7", "--fail-rank", "3"])
+def test_a_rank_that_fails_once_is_restarted_inside_the_allocation(jobs):
+    (code, output, run_dir), four_ranks = jobs[0]["fails-once"], jobs[1]
     assert code == 0, output[-3000:]
     assert "injected failure (raise) at step 7" in output
-    run = Run(tmp_path / "runs" / "slurm" / "run")
+    run = Run(run_dir)
     for rank in run.ranks:  # one restart, from the save after step 6, agreed by every rank
         assert [(e["attempt"], e["step"]) for e in run.events[rank] if e["kind"] == "resume"] == [(1, 6)]
     assert_same_params(run.model_state(), four_ranks)
-    assert not processes_of_run(run.run_dir)
+    assert not processes_of_run(run_dir)
 
 
 @needs_slurm
 def test_scancel_leaves_no_rank_behind(cluster, tmp_path):
     # Long enough to be cancelled mid-training: many epochs, each step delayed.
-    job = sbatch(cluster, tmp_path, ["--epochs", "50", "--straggler-ms", "200"], wait=False)
+    job = start_job(cluster, tmp_path, ["--epochs", "50", "--straggler-ms", "200"], wait=False)
     run_dir = tmp_path / "runs" / "slurm" / "run"
     deadline = time.monotonic() + 60
     while not all((run_dir / f"rank{r}.jsonl").exists() for r in range(4)):  # every rank is training

@@ -1,4 +1,7 @@
-"""Start, stop or look at the local SLURM cluster: ``python -m ddp_tutorial.lessons.beyond.slurm start|stop|status``."""
+"""Start, stop or look at the local SLURM cluster.
+
+    python -m ddp_tutorial.lessons.beyond.slurm start|stop|status [--folder DIR]
+"""
 
 import argparse
 import sys
