@@ -13,6 +13,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -108,8 +109,13 @@ def torchrun(nnodes: int, nproc: int, port: int, run_id: str, out: Path, train_a
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     # Inherited by the workers: processes_of_run(out) finds them all, wherever they run.
     env["DDP_TUTORIAL_RUN_DIR"] = str(Path(out).resolve())
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    # Output to a file, not a pipe: an agent blocked on a full pipe that nobody reads yet would
+    # stall the other agent at the rendezvous (wait_agents waits for one agent at a time).
+    log = tempfile.TemporaryFile("w+")
+    agent = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+    agent.log = log
+    return agent
 
 
 def wait_agents(agents, out: Path, timeout: float):
@@ -121,15 +127,14 @@ def wait_agents(agents, out: Path, timeout: float):
     Asserts that no rank outlived its agent.
     """
     deadline = time.monotonic() + timeout
-    results, hung = [], False
+    hung = False
     try:
         for agent in agents:
             try:
-                output, _ = agent.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                agent.wait(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 hung = True
                 break
-            results.append((agent.returncode, output))
         left = [] if hung else processes_of_run(out)  # every agent has exited: nothing of the run may be left
     finally:
         for pid in processes_of_run(out):
@@ -137,13 +142,18 @@ def wait_agents(agents, out: Path, timeout: float):
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        outputs = [agent.communicate()[0] for agent in agents[len(results):]]
+        for agent in agents:
+            agent.wait()
+    outputs = []
+    for agent in agents:
+        agent.log.seek(0)
+        outputs.append(agent.log.read())
+        agent.log.close()
     if hung:
-        tails = "\n".join(f"--- agent {i} ---\n{(text or '')[-2000:]}" for i, text in
-                          enumerate([o for _, o in results] + outputs))
+        tails = "\n".join(f"--- agent {i} ---\n{text[-2000:]}" for i, text in enumerate(outputs))
         pytest.fail(f"the agents did not finish within {timeout:.0f} s (a hang); killed them.\n{tails}")
     assert not left, f"rank processes outlived their agents: {left}"
-    return results
+    return [(agent.returncode, output) for agent, output in zip(agents, outputs)]
 
 
 # -- Multi-node ---------------------------------------------------------------
