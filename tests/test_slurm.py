@@ -180,3 +180,12 @@ def test_the_guide_shows_the_shipped_script_as_it_is():
     text = (REPO / "docs" / "clusters.md").read_text()
     shown = text.split("<!-- file: ddp_tutorial/lessons/beyond/slurm/train.sbatch -->\n", 1)[1]
     assert shown.split("```", 2)[1].split("\n", 1)[1] == Path(slurm.SBATCH_SCRIPT).read_text()
+
+
+def test_the_notebook_cells_say_why_no_job_runs_when_the_cluster_is_down(tmp_path):
+    assert slurm.sbatch_source() == Path(slurm.SBATCH_SCRIPT).read_text()
+    said = slurm.local_job_demo(slurm.LocalCluster(tmp_path / "never-started"))
+    if WHY_NOT is None:
+        assert "not running" in said and "python -m ddp_tutorial.lessons.beyond.slurm start" in said
+    else:
+        assert WHY_NOT in said
