@@ -92,12 +92,12 @@ def torchrun(nnodes: int, nproc: int, port: int, run_id: str, out: Path, train_a
 
     The agent's flags and environment are the documented multi-node command's
     (docs/clusters.md), with this test's sizes, port, id and training flags;
-    ``shared_store`` drops its TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (torchrun's default,
+    ``shared_store`` sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0 instead (torchrun's default,
     as in the documented one-node command).
     """
     doc_env, argv = doc_command("two-nodes-restart")
     if shared_store:
-        doc_env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+        doc_env[instrument.FRESH_STORE_ENV] = "0"
     agent = argv[1:argv.index("-m")]
     for flag, value in [("--nnodes", nnodes), ("--nproc-per-node", nproc), ("--max-restarts", max_restarts),
                         ("--rdzv-endpoint", f"127.0.0.1:{port}"), ("--rdzv-id", run_id)]:
