@@ -7,10 +7,13 @@ in a ``finally``, so a broken rendezvous fails the test instead of hanging it.
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -58,35 +61,81 @@ def uninterrupted(tmp_path_factory):
     return run.model_state(), load_checkpoint(ckpt)
 
 
+def doc_command(name: str, doc: Path = REPO / "docs" / "clusters.md"):
+    """The shell command in ``doc`` under ``<!-- command: NAME -->``: (its exported env, its argv).
+
+    The tests run the documented commands themselves, so the docs cannot drift from what is proven.
+    """
+    text = doc.read_text()
+    marker = f"<!-- command: {name} -->"
+    assert marker in text, f"{doc} has no {marker}"
+    block = text.split(marker, 1)[1].split("```", 2)[1]
+    env, argv = {}, []
+    for line in block.split("\n", 1)[1].replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        if words[:1] == ["export"]:
+            env.update(word.split("=", 1) for word in words[1:])
+        elif words:
+            argv = words
+    return env, argv
+
+
+def set_option(argv, flag: str, value) -> list:
+    """``argv`` with ``flag``'s value replaced (the flag must be there)."""
+    i = argv.index(flag)
+    return argv[:i + 1] + [str(value)] + argv[i + 2:]
+
+
 def torchrun(nnodes: int, nproc: int, port: int, run_id: str, out: Path, train_args,
-             max_restarts: int = 0):
-    """Start one torchrun agent (a "node") running ``-m ddp_tutorial.train --out out`` on loopback."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
-           "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts),
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
-           # advertise loopback, not the host name, as the address of node 0's workers
-           "--local-addr", "127.0.0.1",
+             max_restarts: int = 0, shared_store: bool = False):
+    """Start one torchrun agent (a "node") running ``-m ddp_tutorial.train --out out`` on loopback.
+
+    The agent's flags and environment are the documented multi-node command's
+    (docs/clusters.md), with this test's sizes, port, id and training flags;
+    ``shared_store`` sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0 instead (torchrun's default,
+    as in the documented one-node command).
+    """
+    doc_env, argv = doc_command("two-nodes-restart")
+    if shared_store:
+        doc_env[instrument.FRESH_STORE_ENV] = "0"
+    agent = argv[1:argv.index("-m")]
+    for flag, value in [("--nnodes", nnodes), ("--nproc-per-node", nproc), ("--max-restarts", max_restarts),
+                        ("--rdzv-endpoint", f"127.0.0.1:{port}"), ("--rdzv-id", run_id)]:
+        agent = set_option(agent, flag, value)
+    # --local-addr (in agent): advertise loopback, not the host name, as the address of node 0's workers
+    cmd = [sys.executable, "-m", "torch.distributed.run", *agent,
            "-m", "ddp_tutorial.train", "--out", str(out), *train_args]
-    env = dict(os.environ, OMP_NUM_THREADS="1",
+    env = dict(os.environ, OMP_NUM_THREADS="1", **doc_env,
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     # Inherited by the workers: processes_of_run(out) finds them all, wherever they run.
     env["DDP_TUTORIAL_RUN_DIR"] = str(Path(out).resolve())
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    # Output to a file, not a pipe: an agent blocked on a full pipe that nobody reads yet would
+    # stall the other agent at the rendezvous (wait_agents waits for one agent at a time).
+    log = tempfile.TemporaryFile("w+")
+    agent = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+    agent.log = log
+    return agent
 
 
 def wait_agents(agents, out: Path, timeout: float):
     """Each agent's (exit code, output); then kills the agents and every worker they started.
 
+    A run past ``timeout`` (a hang) fails the test with each agent's last output.
     torchrun starts each worker in its own session, so killing the agent's process
     group would miss them; they carry the agents' DDP_TUTORIAL_RUN_DIR instead.
+    Asserts that no rank outlived its agent.
     """
     deadline = time.monotonic() + timeout
-    results = []
+    hung = False
     try:
         for agent in agents:
-            output, _ = agent.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            results.append((agent.returncode, output))
+            try:
+                agent.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                hung = True
+                break
+        left = [] if hung else processes_of_run(out)  # every agent has exited: nothing of the run may be left
     finally:
         for pid in processes_of_run(out):
             try:
@@ -95,7 +144,16 @@ def wait_agents(agents, out: Path, timeout: float):
                 pass
         for agent in agents:
             agent.wait()
-    return results
+    outputs = []
+    for agent in agents:
+        agent.log.seek(0)
+        outputs.append(agent.log.read())
+        agent.log.close()
+    if hung:
+        tails = "\n".join(f"--- agent {i} ---\n{text[-2000:]}" for i, text in enumerate(outputs))
+        pytest.fail(f"the agents did not finish within {timeout:.0f} s (a hang); killed them.\n{tails}")
+    assert not left, f"rank processes outlived their agents: {left}"
+    return [(agent.returncode, output) for agent, output in zip(agents, outputs)]
 
 
 # -- Multi-node ---------------------------------------------------------------
@@ -115,6 +173,38 @@ def test_two_torchrun_agents_as_two_nodes_match_a_single_node_run(tmp_path):
     assert two_nodes.ranks == [0, 1, 2, 3]
     assert {two_nodes.summaries[r]["world_size"] for r in two_nodes.ranks} == {4}
     assert_same_params(two_nodes.model_state(), single.model_state())
+
+
+def test_the_multi_node_commands_shown_are_the_tested_ones():
+    """docs/clusters.md's real-cluster command is the tested loopback one but for where the nodes are,
+    and notebook 08 shows it as it is there."""
+    env, real = doc_command("multi-node")
+    tested_env, tested = doc_command("two-nodes-restart")
+    assert env == tested_env == {instrument.FRESH_STORE_ENV: "1"}
+    where = {"--nproc-per-node", "--rdzv-endpoint", "--rdzv-id", "--local-addr"}
+
+    def agent_flags(argv):
+        agent = argv[1:argv.index("-m")]
+        return {f: v for f, v in zip(agent[::2], agent[1::2]) if f not in where}
+    assert agent_flags(real) == agent_flags(tested)
+    text = (REPO / "docs" / "clusters.md").read_text()
+    block = text.split("<!-- command: multi-node -->\n", 1)[1].split("```", 2)[1].split("\n", 1)[1]
+    notebook = (REPO / "notebooks" / "08_beyond_one_machine.ipynb").read_text()
+    assert all(json_line in notebook for json_line in (json.dumps(line)[1:-1] for line in block.splitlines()))
+
+
+def test_several_agents_that_may_restart_are_refused_the_shared_store(monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    with pytest.raises(RuntimeError, match=f"export {instrument.FRESH_STORE_ENV}=1"):
+        instrument.restart_safe_store(5.0)
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")  # no restart: the shared store is safe
+    assert instrument.restart_safe_store(5.0) is None
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")  # the fresh store per round
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
+    assert instrument.restart_safe_store(5.0) is None
 
 
 # -- Checkpoint and exact resume ------------------------------------------------
@@ -205,13 +295,53 @@ def test_torchrun_max_restarts_resumes_from_the_last_checkpoint(tmp_path, uninte
     out = tmp_path / "run"
     args = SMALL + SAVE + ["--checkpoint", str(tmp_path / "ckpt.pt"),
                            "--fail-at-step", "13", "--fail-rank", "1"]
-    agent = torchrun(1, 2, free_port(), f"restart-{uuid.uuid4().hex[:8]}", out, args, max_restarts=1)
+    agent = torchrun(1, 2, free_port(), f"restart-{uuid.uuid4().hex[:8]}", out, args, max_restarts=1,
+                     shared_store=True)
     [(code, output)] = wait_agents([agent], out, timeout=150)
     assert code == 0, output[-3000:]
     assert "injected failure (raise) at step 13" in output
     run = Run(out)
     assert_resumed_after_restart(run)
     assert_same_params(run.model_state(), uninterrupted[0])
+
+
+def documented_restart_args(ckpt: Path, fail_rank: int) -> list:
+    """The training flags of the documented two-node restart, with this test's checkpoint and failing rank."""
+    _env, argv = doc_command("two-nodes-restart")
+    args = argv[argv.index("ddp_tutorial.train") + 1:]
+    return set_option(set_option(args, "--checkpoint", ckpt), "--fail-rank", fail_rank)
+
+
+@pytest.fixture(scope="module")
+def four_ranks_uninterrupted(tmp_path_factory):
+    """The documented two-node run's training on 4 ranks of one launch, nothing failing: its final model."""
+    folder = tmp_path_factory.mktemp("four_ranks")
+    args = documented_restart_args(folder / "ckpt.pt", 0)
+    args = args[:args.index("--straggler-ms")]  # no delays, no failure: they change no number
+    return launch(TRAIN_SCRIPT, 4, args, run_dir=folder / "run", echo="none", timeout=120).model_state()
+
+
+# The second node's rank 3, or the first node's rank 1, fails at micro-step 7 while the
+# other node's ranks are still in their straggler delay: that node's agent sees its workers
+# healthy and restarts them only because a node rejoined (no TORCHELASTIC_RESTART_COUNT raise).
+@pytest.mark.parametrize("fail_rank", [3, 1], ids=["second-node-fails", "first-node-fails"])
+def test_two_nodes_restart_when_one_node_fails_while_the_other_computes(tmp_path, fail_rank,
+                                                                       four_ranks_uninterrupted):
+    out = tmp_path / "run"
+    args = documented_restart_args(tmp_path / "ckpt.pt", fail_rank)
+    port, run_id = free_port(), f"restart2-{uuid.uuid4().hex[:8]}"
+    agents = [torchrun(2, 2, port, run_id, out, args, max_restarts=1) for _node in range(2)]
+    results = wait_agents(agents, out, timeout=180)
+    for code, output in results:
+        assert code == 0, output[-4000:]
+    assert sum("injected failure (raise) at step 7" in output for _, output in results) == 1
+    run = Run(out)
+    assert run.ranks == [0, 1, 2, 3]
+    for rank in run.ranks:  # every rank agrees that one restart happened, whichever agent counted it
+        resumes = [(e["attempt"], e["step"]) for e in run.events[rank] if e["kind"] == "resume"]
+        assert resumes == [(1, 6)], (rank, resumes)  # the last save: after step 6, mid-epoch 1
+        assert [s["step"] for s in run.steps[rank] if s["attempt"] == 1] == [6, 7]
+    assert_same_params(run.model_state(), four_ranks_uninterrupted)
 
 
 def test_launch_max_restarts_resumes_from_the_last_checkpoint(tmp_path, uninterrupted):

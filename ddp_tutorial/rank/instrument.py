@@ -125,32 +125,83 @@ class SyncTimer:
 
 
 # -- Restarts and faults --------------------------------------------------------
+#: The variable that makes torchrun give every rendezvous round a store of its own.
+FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
 def restart_attempt() -> int:
-    """Which attempt this is under torchrun or ``launch(max_restarts=...)``: 0, then +1 per restart."""
+    """This agent's restart count: 0, then +1 per restart it counted (torchrun or ``launch(max_restarts=...)``).
+
+    Several torchrun agents may disagree: only an agent whose own workers failed
+    counts the restart (see ``group_attempt``).
+    """
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
 
 
 def restart_safe_store(timeout_s: float) -> Optional[dist.Store]:
-    """A key space of its own for a restarted torchrun attempt; None (the usual env://) otherwise.
+    """A key space of its own for a restarted attempt; None (the usual env://) where none is needed.
 
     torchrun's agent hosts one TCPStore for the whole job and keeps it across
-    restarts (torch 2.13: ``dynamic_rendezvous.py`` creates
-    ``_shared_tcp_store_server`` only at the first rendezvous), and env://
-    connects each worker to it without a per-attempt prefix
-    (``rendezvous._create_c10d_store``). A restarted gloo group then reads the
-    dead group's addresses: measured here, attempt 1 fails with "Gloo
-    connectFullMesh failed ... Connection refused" (pytorch/pytorch#135712).
-    A prefix per attempt hides the old keys.
+    restarts (torch 2.13: ``DynamicRendezvousHandler.next_rendezvous`` in
+    ``elastic/rendezvous/dynamic_rendezvous.py`` creates ``_shared_tcp_store_server``
+    only at the first rendezvous), and env:// connects each worker to it without
+    a per-attempt prefix (``rendezvous._create_c10d_store``). A restarted gloo
+    group then reads the dead group's addresses ("Gloo connectFullMesh failed ...
+    Connection refused", pytorch/pytorch#135712). With one agent (``launch``, or
+    torchrun on one node) every rank has the same ``TORCHELASTIC_RESTART_COUNT``,
+    and a prefix per attempt hides the old keys.
+
+    With several agents the counts differ. ``SimpleElasticAgent._invoke_run``
+    (``elastic/agent/server/api.py``) uses up a restart only when its own
+    workers failed; an agent whose workers are healthy sees
+    ``num_nodes_waiting() > 0`` and calls ``_restart_workers`` ("membership
+    changes do not count as retries"), and ``LocalElasticAgent._start_workers``
+    passes ``max_restarts - _remaining_restarts`` as the count. The round number
+    (``_wrap_store``'s prefix) stays in the agent: no value that every rank of a
+    round shares reaches the workers, so no prefix can be safe there.
+    With ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` the agent shares no store:
+    every round publishes a fresh port and worker rank 0 hosts a new store on
+    it (``next_rendezvous``' opt-out branch, ``RendezvousStoreInfo.build``), so
+    no old key can be read. A multi-node job that may restart without it is refused.
 
     Args:
         timeout_s: how long a store operation may wait.
+
+    Raises:
+        RuntimeError: several agents, restarts allowed, and the agents' shared store.
     """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None  # no shared store (one process, or torchrun with a fresh store per round)
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", 1))
+    if nodes > 1 and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) > 0:
+        raise RuntimeError(
+            f"{nodes} torchrun agents with --max-restarts share one rendezvous store, and a restart "
+            f"could read the dead group's addresses from it (its agents count restarts differently): "
+            f"export {FRESH_STORE_ENV}=1 before torchrun on every node (docs/clusters.md)")
     attempt = restart_attempt()
-    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if attempt == 0:
         return None
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                           timeout=datetime.timedelta(seconds=timeout_s))
     return dist.PrefixStore(f"ddp_tutorial/attempt{attempt}", store)
+
+
+def group_attempt(env) -> int:
+    """The restart attempt every rank of the group agrees on: the largest of their agents' counts.
+
+    Called after step 1. An agent whose workers failed counts each restart, so
+    the largest count is above 0 after any failure, on every rank, whichever
+    node it runs on (one agent's own count would say 0 on the healthy nodes).
+
+    Args:
+        env: step 1's ``DistEnv``.
+    """
+    attempt = restart_attempt()
+    if not env.distributed or int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) == 0:
+        return attempt  # no restart can have happened, or only this process counts
+    count = torch.tensor([attempt], device=env.device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return int(count.item())
 
 
 @dataclass
@@ -167,9 +218,15 @@ class Fault:
     rank: int = 0
     mode: str = "raise"
 
-    def fire_if_due(self, rank: int, step: int) -> None:
-        """Fail if this is the step and rank, and no restart has happened yet (a transient fault)."""
-        if step != self.step or rank != self.rank or restart_attempt() > 0:
+    def fire_if_due(self, rank: int, step: int, attempt: Optional[int] = None) -> None:
+        """Fail if this is the step and rank, and no restart has happened yet (a transient fault).
+
+        Args:
+            attempt: the group's restart attempt (``group_attempt``); None reads this agent's count.
+        """
+        if attempt is None:
+            attempt = restart_attempt()
+        if step != self.step or rank != self.rank or attempt > 0:
             return
         print(f"injected failure ({self.mode}) at step {step}", flush=True)
         if self.mode == "raise":
@@ -298,10 +355,11 @@ class Instrument(Hooks):
     def start(self, env, model, optimizer, num_batches: int) -> int:
         self.env, self.model, self.optimizer, self.num_batches = env, model, optimizer, num_batches
         self.rng = random.Random(f"straggler delays, seed {self.seed}, rank {env.rank}")  # one stream per rank
+        self.attempt = group_attempt(env)  # this agent's count may be 0 on a restarted multi-node group
         if not self.record_steps:
             self.records = None
         elif self.records is None and self.out is not None:
-            self.records = MetricsWriter(self.out, env.rank, fresh=self.attempt == 0)
+            self.records = MetricsWriter(self.out, env.rank, fresh=self.attempt == 0, attempt=self.attempt)
         if self.records is not None:
             self._time_steps(model, optimizer)
         self._resume()
@@ -351,7 +409,7 @@ class Instrument(Hooks):
             # seed + epoch, so skipping here leaves exactly the samples that followed.
             return False
         if self.fault is not None:
-            self.fault.fire_if_due(self.env.rank, self.counters["step"])
+            self.fault.fire_if_due(self.env.rank, self.counters["step"], self.attempt)
         self.t_start, self.t0 = time.time(), time.perf_counter()
         if self.straggler_ms > 0:
             time.sleep(self.rng.uniform(0.0, self.straggler_ms) / 1e3)

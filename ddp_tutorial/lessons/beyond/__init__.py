@@ -3,6 +3,7 @@
 Notebook 08 mostly launches train.py itself (multi-node torchrun, checkpoints,
 restarts); ``workers/uneven_join.py`` shows uneven inputs with and without
 ``Join``, and ``workers/gpu_check.sh`` checks the nccl path on a GPU machine.
+``slurm/`` holds the sbatch script and a local SLURM cluster to run it on.
 """
 
 from ddp_tutorial.launcher import scripts_path
