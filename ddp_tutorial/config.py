@@ -86,8 +86,9 @@ def add_training_flags(p: argparse.ArgumentParser) -> None:
                         "window; 0 saves at epoch ends only (default: 0)")
     f = p.add_argument_group("fault injection")
     f.add_argument("--fail-at-step", type=int, default=None,
-                   help="micro-step at which --fail-rank fails, on the first attempt only "
-                        "(TORCHELASTIC_RESTART_COUNT 0), so a restart can get past it (default: never)")
+                   help="micro-step at which --fail-rank fails, on the first attempt only (attempt 0: "
+                        "the largest TORCHELASTIC_RESTART_COUNT among the group's ranks), so a restart "
+                        "can get past it (default: never)")
     f.add_argument("--fail-rank", type=int, default=0, help="rank that fails (default: 0)")
     f.add_argument("--fail-mode", choices=["raise", "exit", "hang"], default="raise",
                    help="raise an exception, exit(3), or sleep forever (default: raise)")

@@ -22,10 +22,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 #: Folders whose files run on the ranks (or are scripts the ranks run), relative to the package.
 RANK_FOLDERS = ("rank", "exercises/skeletons", "exercises/solutions")
 #: Notebooks known to import rank code, with the reason; each must still do so (strict xfail).
-KNOWN_RANK_IMPORTS = {
-    "08_beyond_one_machine.ipynb": "imports rank and worker modules to show their code; it moves to "
-                                   "script_source together with the multi-node lesson's own changes",
-}
+KNOWN_RANK_IMPORTS: dict = {}  # notebook -> why it may import rank code (none may)
 
 
 def module_name(path: Path) -> str:

@@ -285,3 +285,10 @@ def test_cli_help_documents_every_flag():
     assert len(flags) > 20
     for flag in flags:
         assert flag in text
+
+
+def test_no_ddp_model_is_left_when_the_group_is_left():
+    """train.main drops its model before teardown, and the kit's hooks hold none of their own."""
+    run = ddp_tutorial.launch(str(Path(__file__).parent / "scripts" / "ddp_gone_at_teardown.py"), 2,
+                              ["--dataset-size", "64", "--batch-size", "4", "--epochs", "1"], echo="none")
+    assert [run.result(r, "ddp_models_alive") for r in (0, 1)] == [0, 0]

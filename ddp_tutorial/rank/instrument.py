@@ -29,6 +29,7 @@ import os
 import random
 import sys
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence
 
@@ -353,7 +354,10 @@ class Instrument(Hooks):
         return restart_safe_store(timeout_s)
 
     def start(self, env, model, optimizer, num_batches: int) -> int:
-        self.env, self.model, self.optimizer, self.num_batches = env, model, optimizer, num_batches
+        self.env, self.optimizer, self.num_batches = env, optimizer, num_batches
+        # Not a reference that keeps the DDP model (and its process group) alive: train.main
+        # drops its model before destroy_process_group, and nothing here may hold it longer.
+        self._model = weakref.ref(model)
         self.rng = random.Random(f"straggler delays, seed {self.seed}, rank {env.rank}")  # one stream per rank
         self.attempt = group_attempt(env)  # this agent's count may be 0 on a restarted multi-node group
         if not self.record_steps:
@@ -380,7 +384,7 @@ class Instrument(Hooks):
         if self.checkpoint is None:
             return
         settings = {"world_size": self.env.world_size, **self.settings}
-        saved = resume_from_checkpoint(self.checkpoint, self.model, self.optimizer, settings,
+        saved = resume_from_checkpoint(self.checkpoint, self._model(), self.optimizer, settings,
                                        self.env.device)
         if saved is None:
             return
@@ -453,7 +457,7 @@ class Instrument(Hooks):
         if not (due or micro_done >= self.num_batches):
             return
         settings = {"world_size": self.env.world_size, **self.settings}
-        saved = checkpoint_state(self.model, self.optimizer, settings, self.counters, epoch, micro_done,
+        saved = checkpoint_state(self._model(), self.optimizer, settings, self.counters, epoch, micro_done,
                                  self.num_batches)
         if self.env.rank == 0:
             save_checkpoint(saved, self.checkpoint)  # atomic: tmp file, fsync, os.replace

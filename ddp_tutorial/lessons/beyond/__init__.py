@@ -6,6 +6,12 @@ restarts); ``workers/uneven_join.py`` shows uneven inputs with and without
 ``slurm/`` holds the sbatch script and a local SLURM cluster to run it on.
 """
 
+from pathlib import Path
+
 from ddp_tutorial.launcher import scripts_path
 
 UNEVEN_JOIN_SCRIPT = scripts_path("uneven_join.py")
+_RANK_DIR = Path(__file__).resolve().parents[2] / "rank"
+#: Rank code the notebook shows (read with ``lessons.script_source``, never imported in the kernel).
+CHECKPOINT_CODE = str(_RANK_DIR / "checkpoint.py")
+INSTRUMENT_CODE = str(_RANK_DIR / "instrument.py")
