@@ -357,7 +357,7 @@ class Instrument(Hooks):
         self.env, self.optimizer, self.num_batches = env, optimizer, num_batches
         # Not a reference that keeps the DDP model (and its process group) alive: train.main
         # drops its model before destroy_process_group, and nothing here may hold it longer.
-        self._model = weakref.ref(model)
+        self._model = weakref.ref(model) if model is not None else (lambda: None)
         self.rng = random.Random(f"straggler delays, seed {self.seed}, rank {env.rank}")  # one stream per rank
         self.attempt = group_attempt(env)  # this agent's count may be 0 on a restarted multi-node group
         if not self.record_steps:

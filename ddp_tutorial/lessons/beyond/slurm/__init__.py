@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from ddp_tutorial.exercises.runs import process_alive
+from ddp_tutorial.launcher import procgroup
 from ddp_tutorial.launcher import free_port
 
 HERE = Path(__file__).resolve().parent
@@ -135,7 +135,7 @@ class LocalCluster:
                 words = f.read().decode(errors="replace").split("\0")
         except (FileNotFoundError, ProcessLookupError):
             return False
-        return (process_alive(pid) and os.path.basename(words[0]) == name.split("-")[0]
+        return (procgroup.alive(pid) and os.path.basename(words[0]) == name.split("-")[0]
                 and any(str(self.folder) in w for w in words))
 
     def is_up(self) -> bool:
@@ -199,10 +199,10 @@ class LocalCluster:
         for pid in pids.values():
             _signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while any(process_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+        while any(procgroup.alive(p) for p in pids.values()) and time.monotonic() < deadline:
             time.sleep(0.05)  # polling the daemons' exit
         for pid in pids.values():
-            if process_alive(pid):
+            if procgroup.alive(pid):
                 _signal(pid, signal.SIGKILL)
         for proc in self._procs:  # a learner's stop runs in another process: init reaps those
             proc.wait()
