@@ -87,3 +87,41 @@ Current thread 0x00007f0000000002 (most recent call first):
     assert "bootstrap.py" not in shown and "threading.py" not in shown
     assert stacks.waiting_in(dump.replace("distributed_c10d.py", "other.py").replace(
         "c10d_logger.py", "x.py").replace("torch/distributed", "torch/nn")) is None
+
+
+def test_a_failure_that_says_a_peer_went_away_comes_after_the_failure_that_caused_it():
+    from ddp_tutorial.launcher.supervise import failure_order
+
+    notes = {0: {"failed_at": 10.002, "peer_gone": False},   # timed out, noted late (still unwinding)
+             1: {"failed_at": 10.001, "peer_gone": True}}    # "Connection closed by peer", noted first
+    assert failure_order({0: 10.3, 1: 10.1}, {0, 1}, notes) == [0, 1]
+    assert failure_order({}, {0, 1}, {0: {"failed_at": 2.0}, 1: {"failed_at": 1.0}}) == [1, 0]
+    # a rank killed by a signal (no note) is placed by when its exit was seen
+    assert failure_order({2: 1.5}, {2}, {0: {"failed_at": 2.0}}) == [2, 0]
+
+
+def test_the_bootstrap_notes_an_error_that_says_a_peer_went_away(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_bootstrap_under_test",
+                                                  Path(ddp_tutorial_dir(), "rank", "bootstrap.py"))
+    bootstrap = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bootstrap)
+    import json
+    import signal
+
+    notes = bootstrap.RankNotes(str(tmp_path), rank=1, attempt=0)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        notes.failed(5.0, 1, RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1"))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        notes.close()
+    record = json.loads(Path(notes.failure_path).read_text())
+    assert record["peer_gone"] is True and record["failed_at"] == 5.0
+
+
+def ddp_tutorial_dir() -> Path:
+    import ddp_tutorial
+
+    return Path(ddp_tutorial.__file__).parent

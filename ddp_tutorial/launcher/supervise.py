@@ -89,14 +89,20 @@ def supervise(spec: LaunchSpec, attempt: start.Attempt, deadline: float, t0: flo
 
 def failure_order(exit_seen: Dict[int, float], exited_failing, notes: Dict[int, dict]) -> List[int]:
     """The ranks that failed, earliest first: by the moment each noted its failure
-    (``time.monotonic()``, one clock for the machine), else by when its exit was seen."""
+    (``time.monotonic()``, one clock for the machine), else by when its exit was seen.
+
+    A failure whose error says a peer's connection closed (``peer_gone``) is a consequence
+    of another rank's failure, and comes after every other: the rank that failed first may
+    still be unwinding its script when its peer notes the closed connection.
+    """
     failed = set(exited_failing) | set(notes)
 
-    def when(rank: int) -> Tuple[float, int]:
-        noted = notes.get(rank, {}).get("failed_at")
+    def when(rank: int) -> Tuple[bool, float, int]:
+        note = notes.get(rank, {})
+        noted = note.get("failed_at")
         if isinstance(noted, (int, float)):
-            return float(noted), rank
-        return exit_seen.get(rank, math.inf), rank
+            return bool(note.get("peer_gone")), float(noted), rank
+        return False, exit_seen.get(rank, math.inf), rank
 
     return sorted(failed, key=when)
 

@@ -251,13 +251,23 @@ class RankNotes:
         faulthandler.register(signal.SIGTERM, file=self._stacks, all_threads=True, chain=True)
         os.register_at_fork(after_in_child=lambda: faulthandler.unregister(signal.SIGTERM))
 
-    def failed(self, failed_at: float, code: int) -> None:
-        """Record a failure at ``failed_at``; a SIGTERM from here on no longer cuts the report short."""
+    #: Errors that say a peer went away first: this rank's failure is a consequence of another's.
+    PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+
+    def failed(self, failed_at: float, code: int, error: "BaseException | None" = None) -> None:
+        """Record a failure at ``failed_at``; a SIGTERM from here on no longer cuts the report short.
+
+        ``peer_gone`` marks an error that says a peer's connection closed: a rank whose peer
+        failed a moment earlier can note its own failure first (the peer's exception may still be
+        unwinding through the script's ``finally`` blocks), so ``launch`` orders such failures after
+        the others.
+        """
         # launch stops the other ranks as soon as it sees one fail: this rank's traceback
         # is worth the grace period it gets before SIGKILL.
         faulthandler.unregister(signal.SIGTERM)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        record = {"failed_at": failed_at, "exit_code": code, "pid": os.getpid()}
+        record = {"failed_at": failed_at, "exit_code": code, "pid": os.getpid(),
+                  "peer_gone": error is not None and any(s in str(error) for s in self.PEER_GONE)}
         try:
             with open(self.failure_path + ".tmp", "w") as f:
                 f.write(json.dumps(record))
@@ -306,9 +316,9 @@ def run_rank() -> None:
             notes.failed(time.monotonic(), 130)
         code = 130
     except BaseException:
-        if notes:  # first: the report below can take longer than a peer needs to fail and exit
-            notes.failed(time.monotonic(), 1)
         exc_type, exc, tb = sys.exc_info()
+        if notes:  # first: the report below can take longer than a peer needs to fail and exit
+            notes.failed(time.monotonic(), 1, exc)
         tb = script_frames(tb) or tb
         sys.excepthook(exc_type, exc.with_traceback(tb), tb)  # the usual report, from the script on
         code = 1
