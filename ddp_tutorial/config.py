@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Dict, List, Sequence
 
+from ddp_tutorial import envvars
 from ddp_tutorial.backend import BACKENDS
 from ddp_tutorial.checkpoint_settings import CheckpointError, check_settings, settings_of
 # MISTAKES and Mistake live in ddp_tutorial.mistakes; still importable from here, as before.
@@ -62,7 +63,7 @@ def add_training_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bucket-cap-mb", type=float, default=None, metavar="MIB",
                    help="DDP gradient bucket size in MiB (default: DDP's own, 25 MiB with the first "
                         "bucket capped at 1 MiB; an explicit 25 caps the first bucket at 25 MiB too)")
-    g.add_argument("--backend", choices=BACKENDS, default=os.environ.get("DDP_TUTORIAL_BACKEND", "auto"),
+    g.add_argument("--backend", choices=BACKENDS, default=os.environ.get(envvars.BACKEND, "auto"),
                    help="process-group backend; auto: nccl when every rank on a node has a GPU of "
                         "its own, gloo otherwise (rank 0 prints which and why)")
     g.add_argument("--threads", type=int, default=1,

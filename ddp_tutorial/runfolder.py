@@ -1,7 +1,7 @@
 """The run folder, the one contract between the ranks and the kernel: writer, reader, ``Run``.
 
 A launch claims a folder (``claim``, with ``CLAIM_FILE``) and tells every rank
-where it is through one environment variable, ``RUN_DIR_ENV``.
+where it is through one environment variable, ``envvars.RUN_DIR``.
 
 Workers write ``<run_dir>/rank<R>.jsonl``, flushing every line, so a run that
 fails still leaves every step it finished. Every record carries the restart
@@ -22,9 +22,10 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from ddp_tutorial import envvars
+
 
 #: How a launch tells its ranks where their run folder is (the one way it reaches them).
-RUN_DIR_ENV = "DDP_TUTORIAL_RUN_DIR"
 #: The file ``launch`` claims its run folder with (``O_EXCL``): one launch per folder.
 CLAIM_FILE = ".launch.json"
 #: Where each rank leaves notes for ``launch``: when it failed, and its stacks when stopped
@@ -37,16 +38,8 @@ class RunFolderError(ValueError):
 
 
 def rank_run_dir(default: Optional[str] = None) -> Optional[str]:
-    """In a rank: the run folder its launch gave it (``RUN_DIR_ENV``), else ``default``."""
-    return os.environ.get(RUN_DIR_ENV, default)
-
-
-def restart_attempt() -> int:
-    """This process's restart attempt: TORCHELASTIC_RESTART_COUNT (0 when not restarted)."""
-    try:
-        return max(0, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
-    except ValueError:
-        return 0
+    """In a rank: the run folder its launch gave it (``envvars.RUN_DIR``), else ``default``."""
+    return os.environ.get(envvars.RUN_DIR, default)
 
 
 class MetricsWriter:
@@ -56,13 +49,13 @@ class MetricsWriter:
         run_dir: the run folder.
         rank: this process's global rank.
         fresh: truncate an existing file (a new run) instead of appending (a restart).
-        attempt: stored in every record without one; default ``restart_attempt()``.
+        attempt: stored in every record without one; default ``envvars.restart_attempt()``.
     """
 
     def __init__(self, run_dir: str, rank: int, fresh: bool = True, attempt: Optional[int] = None):
         os.makedirs(run_dir, exist_ok=True)
         self.path = os.path.join(run_dir, f"rank{rank}.jsonl")
-        self.attempt = restart_attempt() if attempt is None else attempt
+        self.attempt = envvars.restart_attempt() if attempt is None else attempt
         self._file = open(self.path, "w" if fresh else "a", encoding="utf-8")
         if not fresh and _ends_mid_line(self.path):
             self._file.write("\n")  # the last writer died mid-line: do not glue our first record to it
@@ -83,14 +76,14 @@ def report(record: Dict[str, Any]) -> None:
     """From a worker script: append ``record`` to this rank's file in the launch's run folder.
 
     Demo scripts use it to hand results back to the notebook, where they show
-    up in ``Run.results(rank)``. Uses ``RUN_DIR_ENV`` and RANK (set by
+    up in ``Run.results(rank)``. Uses ``envvars.RUN_DIR`` and RANK (set by
     ``launch``); without them it writes to ``runs/manual/rank0.jsonl``.
     """
     run_dir = rank_run_dir(os.path.join("runs", "manual"))
     rank = int(os.environ.get("RANK", 0))
     key = f"{run_dir}:{rank}"
     if key not in _REPORTERS:
-        _REPORTERS[key] = MetricsWriter(run_dir, rank, fresh=restart_attempt() == 0)
+        _REPORTERS[key] = MetricsWriter(run_dir, rank, fresh=envvars.restart_attempt() == 0)
     _REPORTERS[key].write({"kind": "result", "rank": rank, **record})
 
 
@@ -373,8 +366,8 @@ def claim(run_dir, stem: str, name: str, info: Dict[str, object]) -> Path:
         RunFolderError: the folder is a file, not empty, taken, or cannot be made.
     """
     if run_dir is None:
-        root = Path(os.environ.get("DDP_TUTORIAL_RUNS", "runs"))
-        check_folder(root, "DDP_TUTORIAL_RUNS", empty=False)
+        root = Path(os.environ.get(envvars.RUNS_ROOT, "runs"))
+        check_folder(root, envvars.RUNS_ROOT, empty=False)
         try:
             root.mkdir(parents=True, exist_ok=True)
             path = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}-", dir=root))

@@ -27,10 +27,11 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ddp_tutorial import envvars
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 SERVER_SCRIPT = str(PACKAGE_DIR / "rank" / "forkserver.py")
 #: ``DDP_TUTORIAL_WARM=0`` turns warm launches off for every ``launch`` of this process.
-WARM_ENV = "DDP_TUTORIAL_WARM"
 #: Variables read while Python starts or torch is imported (the interpreter, the dynamic
 #: linker, OpenMP and BLAS, torch, the locale): a forked rank keeps the server's values, so
 #: a launch needing other values gets a server started with them.
@@ -41,7 +42,6 @@ STARTUP_PREFIXES = ("PYTHON", "LD_", "LC_", "LANG", "HOME", "OMP_", "GOMP_", "KM
 REAPPLIED_PER_RANK = ("TORCH_DISTRIBUTED_DEBUG",)
 #: Of rank 0's environment, what the server's own must not have: its orphan checks and
 #: ``ps e`` would take it for a rank of that run.
-_PER_RUN = ("DDP_TUTORIAL_RUN_DIR", "DDP_TUTORIAL_STORE")
 #: Bytes of room the server's command line and environment get, which a forked rank
 #: rewrites to show its own (``/proc/<pid>/cmdline`` and ``environ``).
 ARGV_ROOM, ENV_ROOM = 16 << 10, 64 << 10
@@ -58,7 +58,7 @@ class ServerUnavailable(RuntimeError):
 
 def warm_by_default() -> bool:
     """Whether ``launch`` tries warm starts unless told (``DDP_TUTORIAL_WARM=0`` says no)."""
-    return os.environ.get(WARM_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return os.environ.get(envvars.WARM, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def startup_env(env: Dict[str, str]) -> Dict[str, str]:
@@ -138,8 +138,8 @@ class ForkServer:
         self.startup = startup_env(env)
         self.owner = os.getpid()  # a process forked from ours inherits this object, not the server
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        server_env = {k: v for k, v in env.items() if k not in _PER_RUN}
-        server_env["DDP_TUTORIAL_FORK_SERVER_ROOM"] = "." * ENV_ROOM
+        server_env = {k: v for k, v in env.items() if k not in envvars.PER_RUN}
+        server_env[envvars.FORK_SERVER_ROOM] = "." * ENV_ROOM
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-u", SERVER_SCRIPT, str(theirs.fileno()), str(os.getpid()), "." * ARGV_ROOM],

@@ -24,6 +24,7 @@ from conftest import processes_of_run
 
 from ddp_tutorial import (TRAIN_SCRIPT, LaunchConfigError, WorkerError, config,
                           free_port, launch, launcher, train)
+from ddp_tutorial import envvars
 from ddp_tutorial.rank import instrument
 from ddp_tutorial.backend import choose_backend
 from ddp_tutorial.lessons.beyond import UNEVEN_JOIN_SCRIPT
@@ -97,7 +98,7 @@ def torchrun(nnodes: int, nproc: int, port: int, run_id: str, out: Path, train_a
     """
     doc_env, argv = doc_command("two-nodes-restart")
     if shared_store:
-        doc_env[instrument.FRESH_STORE_ENV] = "0"
+        doc_env[envvars.FRESH_RDZV_STORE] = "0"
     agent = argv[1:argv.index("-m")]
     for flag, value in [("--nnodes", nnodes), ("--nproc-per-node", nproc), ("--max-restarts", max_restarts),
                         ("--rdzv-endpoint", f"127.0.0.1:{port}"), ("--rdzv-id", run_id)]:
@@ -180,7 +181,7 @@ def test_the_multi_node_commands_shown_are_the_tested_ones():
     and notebook 08 shows it as it is there."""
     env, real = doc_command("multi-node")
     tested_env, tested = doc_command("two-nodes-restart")
-    assert env == tested_env == {instrument.FRESH_STORE_ENV: "1"}
+    assert env == tested_env == {envvars.FRESH_RDZV_STORE: "1"}
     where = {"--nproc-per-node", "--rdzv-endpoint", "--rdzv-id", "--local-addr"}
 
     def agent_flags(argv):
@@ -198,7 +199,7 @@ def test_several_agents_that_may_restart_are_refused_the_shared_store(monkeypatc
     monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    with pytest.raises(RuntimeError, match=f"export {instrument.FRESH_STORE_ENV}=1"):
+    with pytest.raises(RuntimeError, match=f"export {envvars.FRESH_RDZV_STORE}=1"):
         instrument.restart_safe_store(5.0)
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")  # no restart: the shared store is safe
     assert instrument.restart_safe_store(5.0) is None

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from ddp_tutorial import exercises
+from ddp_tutorial import envvars, exercises
 from ddp_tutorial.exercises import judge
 from conftest import pid_alive
 
 MISTAKES = Path(__file__).resolve().parent / "exercise_mistakes"
 #: The learner's-folder override the test configuration set (read before a fixture removes it).
-PLUGIN_FOLDER = os.environ.get(exercises.MY_WORK_ENV)
+PLUGIN_FOLDER = os.environ.get(envvars.MY_WORK)
 #: Seconds one run of a script may take: generous, ranks import torch in 2-6 s on a loaded machine.
 TIMEOUT = 90
 
@@ -29,7 +29,7 @@ def in_tmp_folder(tmp_path, monkeypatch):
     """Every test works in a fresh folder: ``start`` writes my_work/ there, the checks' runs go there."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DDP_TUTORIAL_RUNS", str(tmp_path / "runs"))
-    monkeypatch.delenv(exercises.MY_WORK_ENV, raising=False)  # here my_work/ is under tmp_path: a learner's default
+    monkeypatch.delenv(envvars.MY_WORK, raising=False)  # here my_work/ is under tmp_path: a learner's default
     return tmp_path
 
 
@@ -111,7 +111,7 @@ def test_the_kernel_side_imports_no_torch():
 
 def test_start_and_check_use_the_folder_the_tests_set_and_leave_my_work_alone(tmp_path, monkeypatch, capsys):
     elsewhere = tmp_path / "scratch"
-    monkeypatch.setenv(exercises.MY_WORK_ENV, str(elsewhere))
+    monkeypatch.setenv(envvars.MY_WORK, str(elsewhere))
     path = exercises.start("init")
     assert path == elsewhere / "init.py" and path.read_text() == (exercises.SKELETONS_DIR / "init.py").read_text()
     assert f"wrote {path}" in capsys.readouterr().out
@@ -136,7 +136,7 @@ def test_the_test_configuration_keeps_notebook_runs_out_of_the_learners_folder()
                       if c.cell_type == "code" and "exercises.start(" in c.source)  # the notebook's own exercise cell
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in (
         "from ddp_tutorial import exercises", start_cell, "print(path.resolve())")])
-    env = {**os.environ, exercises.MY_WORK_ENV: PLUGIN_FOLDER}  # the environment pytest started with
+    env = {**os.environ, envvars.MY_WORK: PLUGIN_FOLDER}  # the environment pytest started with
     NotebookClient(nb, timeout=60, kernel_name="python3", resources={"metadata": {"path": str(notebooks)}}).execute(env=env)
     written = Path(nb.cells[2].outputs[0].text.strip())
     try:

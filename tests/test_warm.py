@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import ddp_tutorial
-from ddp_tutorial import launch, launcher, warmstart
+from ddp_tutorial import envvars, launch, launcher, warmstart
 from conftest import pid_alive, processes_of_run
 from test_launcher import LAUNCH_IN_CHILD, SCRIPTS, _is_rank, wait_for
 
@@ -244,7 +244,7 @@ def run_in_kernel(code: str, env: dict) -> dict:
 def test_importing_the_package_in_a_kernel_starts_the_server_for_the_first_launch():
     got = run_in_kernel(KERNEL_CODE, {})
     assert got["at_import"] is not None and got["mode"] == "warm" and got["after"] == got["at_import"]
-    off = run_in_kernel(KERNEL_CODE, {warmstart.WARM_ENV: "0"})
+    off = run_in_kernel(KERNEL_CODE, {envvars.WARM: "0"})
     assert off == {"at_import": None, "mode": "cold", "after": None}
 
 

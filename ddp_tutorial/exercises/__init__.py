@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Tuple
 
+from ddp_tutorial import envvars
 from ddp_tutorial.exercises import judge, runs, settings, shard
 from ddp_tutorial.exercises.predict import Printed, ask, reveal
 
@@ -42,7 +43,6 @@ SOLUTIONS_DIR = PACKAGE_DIR / "solutions"
 DEFAULT_FOLDER = "my_work"
 #: Environment variable: another folder for the learner's scripts. The kit's test configuration sets it
 #: (``ddp_tutorial.exercises.pytest_plugin``), so tests and nbmake runs never write into notebooks/my_work/.
-MY_WORK_ENV = "DDP_TUTORIAL_MY_WORK"
 #: Seconds one run of a learner's script may take before the check calls it a hang.
 DEFAULT_TIMEOUT_S = 90.0
 #: Ranks every check starts (torchrun's too, in the capstone).
@@ -120,7 +120,7 @@ def _known(name: str) -> str:
 
 def my_work() -> str:
     """The folder ``start`` and ``check`` use by default: ``my_work`` (beside the notebook), or $DDP_TUTORIAL_MY_WORK."""
-    return os.environ.get(MY_WORK_ENV) or DEFAULT_FOLDER
+    return os.environ.get(envvars.MY_WORK) or DEFAULT_FOLDER
 
 
 def start(name: str, folder=None) -> Path:
@@ -199,7 +199,7 @@ def check(name: str, path=None, timeout: float = DEFAULT_TIMEOUT_S, echo: str = 
 
 def _run_folder(name: str) -> Path:
     """A new folder for this check's runs, under the runs folder ``launch`` uses."""
-    root = Path(os.environ.get("DDP_TUTORIAL_RUNS", "runs"))
+    root = Path(os.environ.get(envvars.RUNS_ROOT, "runs"))
     root.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-exercise-{name}-", dir=root))
 
@@ -212,7 +212,7 @@ def _run_and_judge(name: str, script: Path, timeout: float, echo: str, folder: P
         failing = None
         if not normal.timed_out:  # a script that hangs would hang again: keep within the deadline
             failing = runs.run_launch(name, script, folder / "rank_fails", timeout, WORLD_SIZE,
-                                      env={settings.FAIL_RANK_ENV: str(settings.FAIL_RANK)}, echo=echo)
+                                      env={envvars.EXERCISE_FAIL_RANK: str(settings.FAIL_RANK)}, echo=echo)
             attempts.append(failing)
         return judge.judge_teardown(normal, failing)
     if name == "capstone":

@@ -13,20 +13,20 @@ import os
 import shutil
 import tempfile
 
-from ddp_tutorial.exercises import MY_WORK_ENV
+from ddp_tutorial.envvars import MY_WORK
 
 _made = []
 
 
 def pytest_configure(config) -> None:
-    if os.environ.get(MY_WORK_ENV):  # set by whoever runs pytest: theirs to keep
+    if os.environ.get(MY_WORK):  # set by whoever runs pytest: theirs to keep
         return
     folder = tempfile.mkdtemp(prefix="ddp-tutorial-my-work-")
     _made.append(folder)
-    os.environ[MY_WORK_ENV] = folder
+    os.environ[MY_WORK] = folder
 
 
 def pytest_unconfigure(config) -> None:
     while _made:
-        os.environ.pop(MY_WORK_ENV, None)
+        os.environ.pop(MY_WORK, None)
         shutil.rmtree(_made.pop(), ignore_errors=True)

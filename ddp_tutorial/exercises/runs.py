@@ -18,15 +18,14 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import ddp_tutorial
-from ddp_tutorial import runfolder
+from ddp_tutorial import envvars
 from ddp_tutorial.exercises import settings
 from ddp_tutorial.launcher import describe_exit, loopback_interface, procgroup
 
 HARNESS = Path(__file__).resolve().parent / "workers" / "harness.py"
 PACKAGE_PARENT = Path(ddp_tutorial.__file__).resolve().parent.parent
 #: Variables of an outer launcher that must not leak into a plain process or torchrun.
-LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_RANK",
-                 "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DDP_TUTORIAL_STORE")
+LAUNCHER_VARS = envvars.TORCHRUN_CONTRACT + (envvars.STORE,)
 #: Seconds a stopped torchrun (or plain process) gets between SIGTERM and SIGKILL.
 STOP_GRACE_S = 3.0
 
@@ -128,7 +127,7 @@ def run_launch(exercise: str, script: Path, run_dir: Path, timeout: float, world
     try:
         run = ddp_tutorial.launch(str(harness), world_size, args=[exercise, str(script)], timeout=timeout,
                                   echo=echo, run_dir=str(run_dir),
-                                  env={settings.OUT_DIR_ENV: str(run_dir), **(env or {})})
+                                  env={envvars.EXERCISE_OUT: str(run_dir), **(env or {})})
         attempt.exit_codes = dict(run.exit_codes)
     except ddp_tutorial.WorkerError as exc:
         run = exc.run
@@ -161,8 +160,8 @@ def _clean_env(out_dir: Path) -> Dict[str, str]:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_PARENT), env.get("PYTHONPATH")])),
         "OMP_NUM_THREADS": "1",  # ranks share a small machine
         "PYTHONUNBUFFERED": "1",
-        runfolder.RUN_DIR_ENV: str(out_dir),  # where the harness's report() writes
-        settings.OUT_DIR_ENV: str(out_dir),
+        envvars.RUN_DIR: str(out_dir),  # where the harness's report() writes
+        envvars.EXERCISE_OUT: str(out_dir),
     })
     loopback = loopback_interface()
     if loopback:  # gloo listens and connects on loopback, whatever the host name resolves to

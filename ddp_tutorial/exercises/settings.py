@@ -15,11 +15,7 @@ ACCUM_STEPS = 4
 EPOCHS = 2
 LR = 0.1
 
-#: Environment variable: the rank (as text) that ``task.loss_fn`` makes raise (the teardown check's 2nd run).
-FAIL_RANK_ENV = "DDP_EXERCISE_FAIL_RANK"
-#: The rank the teardown check makes fail.
+#: The rank the teardown check makes fail (through ``envvars.EXERCISE_FAIL_RANK``).
 FAIL_RANK = 1
 #: The call of ``task.loss_fn`` (1-based) on which that rank raises: mid-training.
 FAIL_AT_CALL = 3
-#: Environment variable: the folder ``task.checkpoint_path()`` points into (the check's run folder).
-OUT_DIR_ENV = "DDP_EXERCISE_OUT"

@@ -18,7 +18,7 @@ from typing import Dict, List
 
 from ddp_tutorial.exercises.judge import Criterion, max_difference, not_measured, plural, ran_to_end, ranks_text
 from ddp_tutorial.exercises.runs import HarnessRun
-from ddp_tutorial.exercises.settings import OUT_DIR_ENV
+from ddp_tutorial import envvars
 
 #: The learning rate of the DDP script's Adam.
 LR = 0.01
@@ -40,7 +40,7 @@ HINT = ("optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class
 
 def checkpoint_path() -> str:
     """Where the script saves its checkpoint: in the check's run folder, else the current folder."""
-    return os.path.join(os.environ.get(OUT_DIR_ENV) or ".", "shard_checkpoint.pt")
+    return os.path.join(os.environ.get(envvars.EXERCISE_OUT) or ".", "shard_checkpoint.pt")
 
 
 def shard_finals(attempt: HarnessRun) -> Dict[int, dict]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
-from ddp_tutorial import runfolder, warmstart
+from ddp_tutorial import envvars, runfolder, warmstart
 from ddp_tutorial.launcher import net
 from ddp_tutorial.launcher.errors import LaunchError
 from ddp_tutorial.launcher.spec import PACKAGE_DIR, LaunchSpec
@@ -57,27 +57,27 @@ def rank_env(spec: LaunchSpec, rank: int, port: int, attempt: int, store: str) -
             ``"join"`` for the other ranks.
     """
     env = dict(os.environ)
-    env.pop("DDP_TUTORIAL_STORE", None)
+    env.pop(envvars.STORE, None)
     world = str(spec.world_size)
     env.update({
         # torchrun's contract, for one node
         "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0",
         "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": world, "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": world,
         "MASTER_ADDR": net.LOOPBACK, "MASTER_PORT": str(port),
-        "TORCHELASTIC_RESTART_COUNT": str(attempt), "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+        envvars.RESTART_COUNT: str(attempt), envvars.MAX_RESTARTS: str(spec.max_restarts),
         # Rank 0's bootstrap hosts the store on a loopback socket, so env:// must not
         # start a second server (on all interfaces): every rank connects as a client.
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         # ours
-        runfolder.RUN_DIR_ENV: str(spec.run_dir), "DDP_TUTORIAL_BACKEND": spec.backend,
-        "DDP_TUTORIAL_LAUNCHER_PID": str(os.getpid()),
+        envvars.RUN_DIR: str(spec.run_dir), envvars.BACKEND: spec.backend,
+        envvars.LAUNCHER_PID: str(os.getpid()),
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_DIR.parent), env.get("PYTHONPATH")])),
     })
     lo = net.loopback_interface()
     if lo:  # gloo's and nccl's own listening sockets: loopback, whatever the host name resolves to
         env.update({"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo})
-    env["DDP_TUTORIAL_STORE"] = store
+    env[envvars.STORE] = store
     # One thread per rank unless asked otherwise: N ranks x all cores thrash a small machine.
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(spec.env)

@@ -26,6 +26,7 @@ that a launch deadline shows where every rank was waiting.
 
 import atexit
 import faulthandler
+import importlib.util
 import json
 import os
 import runpy
@@ -33,12 +34,25 @@ import signal
 import sys
 import time
 
+
+
+def _load_envvars():
+    """``ddp_tutorial/envvars.py`` by its path, under a private name: importing the package
+    would import the launcher too (0.1 s more for every rank)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "envvars.py")
+    spec = importlib.util.spec_from_file_location("_ddp_tutorial_envvars", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+envvars = _load_envvars()
 #: Keeps rank 0's store (and so its server) alive until the process exits.
 _STORE = []
 
 
 def die_with_launcher() -> None:
-    die_with_parent(int(os.environ.get("DDP_TUTORIAL_LAUNCHER_PID", "0")))
+    die_with_parent(int(os.environ.get(envvars.LAUNCHER_PID, "0")))
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -183,7 +197,7 @@ class _AfterTorchImport:
 def prepare_store() -> None:
     """Under ``launch``: rank 0 takes the store's socket now; once torch is in, it hosts the
     store, and every rank's rendezvous gets keys of its own."""
-    spec = os.environ.pop("DDP_TUTORIAL_STORE", None)  # the script's children must not see it
+    spec = os.environ.pop(envvars.STORE, None)  # the script's children must not see it
     if not spec:
         return
     socket_and_port = None
@@ -232,12 +246,11 @@ class RankNotes:
     @classmethod
     def for_this_rank(cls) -> "RankNotes | None":
         """The notes of a rank started by ``launch`` (which sets the run folder), else None."""
-        run_dir = os.environ.get("DDP_TUTORIAL_RUN_DIR")
+        run_dir = os.environ.get(envvars.RUN_DIR)
         if not run_dir:
             return None
         try:
-            return cls(run_dir, int(os.environ.get("RANK", 0)),
-                       int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
+            return cls(run_dir, int(os.environ.get("RANK", 0)), envvars.restart_attempt())
         except (OSError, ValueError):  # notes help; a rank runs without them
             return None
 

@@ -120,7 +120,7 @@ def become_rank(bootstrap, server_pid: int, request, fds, close_fds) -> None:
         os.close(fds[0])
         env = dict(request["env"])
         if request["store"]:
-            env["DDP_TUTORIAL_STORE"] = f"fd:{fds[1]}"
+            env[bootstrap.envvars.STORE] = f"fd:{fds[1]}"
             os.set_inheritable(fds[1], True)  # as pass_fds leaves it for a cold rank
         os.chdir(request["cwd"])
         os.umask(request["umask"])

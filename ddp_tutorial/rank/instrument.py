@@ -39,6 +39,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_tutorial.rank.checkpoint import SETTINGS, load_checkpoint, save_checkpoint
+from ddp_tutorial import envvars
 from ddp_tutorial.runfolder import MetricsWriter
 
 #: What must match between a checkpoint and the run resuming from it: the
@@ -126,17 +127,6 @@ class SyncTimer:
 
 
 # -- Restarts and faults --------------------------------------------------------
-#: The variable that makes torchrun give every rendezvous round a store of its own.
-FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-
-
-def restart_attempt() -> int:
-    """This agent's restart count: 0, then +1 per restart it counted (torchrun or ``launch(max_restarts=...)``).
-
-    Several torchrun agents may disagree: only an agent whose own workers failed
-    counts the restart (see ``group_attempt``).
-    """
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
 
 
 def restart_safe_store(timeout_s: float) -> Optional[dist.Store]:
@@ -174,12 +164,12 @@ def restart_safe_store(timeout_s: float) -> Optional[dist.Store]:
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None  # no shared store (one process, or torchrun with a fresh store per round)
     nodes = int(os.environ.get("GROUP_WORLD_SIZE", 1))
-    if nodes > 1 and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) > 0:
+    if nodes > 1 and int(os.environ.get(envvars.MAX_RESTARTS, 0)) > 0:
         raise RuntimeError(
             f"{nodes} torchrun agents with --max-restarts share one rendezvous store, and a restart "
             f"could read the dead group's addresses from it (its agents count restarts differently): "
-            f"export {FRESH_STORE_ENV}=1 before torchrun on every node (docs/clusters.md)")
-    attempt = restart_attempt()
+            f"export {envvars.FRESH_RDZV_STORE}=1 before torchrun on every node (docs/clusters.md)")
+    attempt = envvars.restart_attempt()
     if attempt == 0:
         return None
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
@@ -197,8 +187,8 @@ def group_attempt(env) -> int:
     Args:
         env: step 1's ``DistEnv``.
     """
-    attempt = restart_attempt()
-    if not env.distributed or int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) == 0:
+    attempt = envvars.restart_attempt()
+    if not env.distributed or int(os.environ.get(envvars.MAX_RESTARTS, 0)) == 0:
         return attempt  # no restart can have happened, or only this process counts
     count = torch.tensor([attempt], device=env.device)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
@@ -226,7 +216,7 @@ class Fault:
             attempt: the group's restart attempt (``group_attempt``); None reads this agent's count.
         """
         if attempt is None:
-            attempt = restart_attempt()
+            attempt = envvars.restart_attempt()
         if step != self.step or rank != self.rank or attempt > 0:
             return
         print(f"injected failure ({self.mode}) at step {step}", flush=True)
@@ -333,7 +323,7 @@ class Instrument(Hooks):
         self.seed, self.straggler_ms = seed, straggler_ms
         self.fault, self.checkpoint, self.save_every = fault, checkpoint, save_every
         self.settings, self.bugs, self.verbose = dict(settings or {}), sorted(bugs), verbose
-        self.attempt = restart_attempt()
+        self.attempt = envvars.restart_attempt()
         self.timer: Optional[SyncTimer] = None
         self.counters = {"step": 0, "optimizer_steps": 0}
         self.resume_at = (0, 0)  # (epoch, micro-batch) to start at: the beginning, or a checkpoint's

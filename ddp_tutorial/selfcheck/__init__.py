@@ -23,6 +23,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence
 
+from ddp_tutorial import envvars
+
 #: A Python loop that keeps one core at 100 % until it is killed (it says so first).
 SPIN = "print('spinning', flush=True)\nwhile True: pass"
 
@@ -150,7 +152,7 @@ def notebook_suite(folder: str = "notebooks", timeout: float = 600.0, warm: bool
     if not notebooks:
         return {"skipped": f"no notebooks in {folder!r}"}
     t0 = time.perf_counter()
-    results = notebook_round(notebooks, timeout, None if warm else {"DDP_TUTORIAL_WARM": "0"})
+    results = notebook_round(notebooks, timeout, None if warm else {envvars.WARM: "0"})
     seconds = time.perf_counter() - t0
     failed = [name for name, r in results.items() if not r["passed"]]
     return {"seconds": seconds, "ratio": seconds / 180.0, "notebooks": [n.name for n in notebooks],

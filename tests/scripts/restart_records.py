@@ -7,7 +7,8 @@ import os
 import sys
 import time
 
-from ddp_tutorial.runfolder import MetricsWriter, rank_run_dir, report, restart_attempt
+from ddp_tutorial.envvars import restart_attempt
+from ddp_tutorial.runfolder import MetricsWriter, rank_run_dir, report
 
 attempt, rank = restart_attempt(), int(os.environ["RANK"])
 run_dir = rank_run_dir()

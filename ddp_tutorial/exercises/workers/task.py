@@ -18,15 +18,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
+from ddp_tutorial import envvars
 from ddp_tutorial.exercises.settings import (
     ACCUM_STEPS,
     BATCH_SIZE,
     DATASET_SIZE,
     EPOCHS,
     FAIL_AT_CALL,
-    FAIL_RANK_ENV,
     LR,
-    OUT_DIR_ENV,
     SEED,
 )
 
@@ -77,7 +76,7 @@ def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Mean squared error. Raises ``InjectedFailure`` when a check asked this rank to fail."""
     global _loss_calls
     _loss_calls += 1
-    fail_rank = os.environ.get(FAIL_RANK_ENV)
+    fail_rank = os.environ.get(envvars.EXERCISE_FAIL_RANK)
     if fail_rank is not None and fail_rank == os.environ.get("RANK") and _loss_calls == FAIL_AT_CALL:
         from ddp_tutorial.runfolder import report  # only here: a plain run needs no run folder
 
@@ -89,4 +88,4 @@ def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def checkpoint_path() -> str:
     """Where the capstone saves its model: in the check's run folder, else the current folder."""
-    return os.path.join(os.environ.get(OUT_DIR_ENV) or ".", "capstone_model.pt")
+    return os.path.join(os.environ.get(envvars.EXERCISE_OUT) or ".", "capstone_model.pt")
