@@ -17,7 +17,7 @@ from ddp_tutorial import runfolder
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$')
 #: Frames of the machinery that starts a rank, left out of what a learner reads.
-_MACHINERY = ("/rank/bootstrap.py", "/rank/forkserver.py", "/runpy.py", "<frozen runpy>")
+_MACHINERY = ("/rank/bootstrap.py", "/forkserver/server.py", "/runpy.py", "<frozen runpy>")
 
 
 def _threads(text: str) -> List[Tuple[str, List[Tuple[str, str, str]]]]:

@@ -1,7 +1,7 @@
 """Warm launches: one helper process keeps torch imported, and ``launch`` has it fork the ranks.
 
 Almost all of a cold 4-rank launch on a small machine is ``import torch`` in four new
-processes. On its first launch a process starts one fork server (``rank/forkserver.py``,
+processes. On its first launch a process starts one fork server (``forkserver/server.py``,
 a child in a session of its own that dies with this process), which imports torch and
 waits; each rank is then forked from it and turned into what ``python -u bootstrap.py
 SCRIPT ARGS`` would be (see that file for what it sets). The launcher still watches each
@@ -30,14 +30,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ddp_tutorial import envvars
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-SERVER_SCRIPT = str(PACKAGE_DIR / "rank" / "forkserver.py")
+SERVER_SCRIPT = str(PACKAGE_DIR / "forkserver" / "server.py")
 #: ``DDP_TUTORIAL_WARM=0`` turns warm launches off for every ``launch`` of this process.
 #: Variables read while Python starts or torch is imported (the interpreter, the dynamic
 #: linker, OpenMP and BLAS, torch, the locale): a forked rank keeps the server's values, so
 #: a launch needing other values gets a server started with them.
 STARTUP_PREFIXES = ("PYTHON", "LD_", "LC_", "LANG", "HOME", "OMP_", "GOMP_", "KMP_", "MKL_",
                     "OPENBLAS_", "TORCH", "PYTORCH_", "MALLOC_", "GLIBC_")
-#: Read at import too, but a forked rank reads them again (``forkserver.reapply_import_settings``),
+#: Read at import too, but a forked rank reads them again (``forkserver/server.py``'s ``reapply_import_settings``),
 #: so a launch with ``env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}`` needs no server of its own.
 REAPPLIED_PER_RANK = ("TORCH_DISTRIBUTED_DEBUG",)
 #: Of rank 0's environment, what the server's own must not have: its orphan checks and

@@ -27,7 +27,7 @@ from ddp_tutorial import (TRAIN_SCRIPT, LaunchConfigError, WorkerError, config,
 from ddp_tutorial import envvars
 from ddp_tutorial.rank import instrument
 from ddp_tutorial.backend import choose_backend
-from ddp_tutorial.lessons.beyond import UNEVEN_JOIN_SCRIPT
+from ddp_tutorial.lessons.beyond_one_machine import UNEVEN_JOIN_SCRIPT
 from ddp_tutorial.rank.checkpoint import load_checkpoint, save_checkpoint, temp_files
 from ddp_tutorial.runfolder import Run
 

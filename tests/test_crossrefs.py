@@ -53,7 +53,7 @@ def documents() -> list:
 
 
 def aliases(code_cells) -> dict:
-    """Short names a notebook's imports bind to ddp_tutorial modules (``lessons`` -> ddp_tutorial.lessons.data_sync)."""
+    """Short names a notebook's imports bind to ddp_tutorial modules (``lessons`` -> ddp_tutorial.lessons.sampler_accumulation)."""
     found = {}
     for source in code_cells:
         try:
@@ -342,7 +342,7 @@ def test_the_prose_is_all_read():
     ("Notebook 05 returns to leftover processes; restarts are in notebook 07.", bad_notebook_refs),
     ("see notebook 12", bad_notebook_refs),
     ("`ddp_tutorial.lessons.no_such_helper`", lambda t: bad_names(t, {})),
-    ("`lessons.straggler_wait_secs` computes it", lambda t: bad_names(t, {"lessons": "ddp_tutorial.lessons.data_sync"})),
+    ("`lessons.straggler_wait_secs` computes it", lambda t: bad_names(t, {"lessons": "ddp_tutorial.lessons.sampler_accumulation"})),
     ("the [glossary](GLOSSARY.md#no-such-entry)", lambda t: bad_links(t, ROOT / "notebooks")),
     ("the [guide](nowhere.md)", lambda t: bad_links(t, ROOT)),
     ("| what | measured | target |\n| --- | --- | --- |\n| a | b | c | c |\n", bad_tables),

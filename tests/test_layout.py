@@ -1,6 +1,7 @@
 """The kit's one layout rule: kernel code and rank code meet only in the run folder.
 
-``train.py``, ``rank/`` and every ``workers/`` folder are rank code; the exercises'
+``train.py``, ``rank/``, ``forkserver/`` (the process warm ranks are forked from) and every
+``workers/`` folder are rank code; the exercises'
 ``skeletons/`` and ``solutions/`` are scripts the ranks run (the kernel copies and
 reads them as files). Everything else is kernel code: it runs in the notebook and
 must not pull in torch or any rank code when it is imported, and the notebooks
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "ddp_tutorial"
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 #: Folders whose files run on the ranks (or are scripts the ranks run), relative to the package.
-RANK_FOLDERS = ("rank", "exercises/skeletons", "exercises/solutions")
+RANK_FOLDERS = ("rank", "forkserver", "exercises/skeletons", "exercises/solutions")
 #: Notebooks known to import rank code, with the reason; each must still do so (strict xfail).
 KNOWN_RANK_IMPORTS: dict = {}  # notebook -> why it may import rank code (none may)
 
@@ -64,7 +65,7 @@ def test_the_rule_sees_both_sides():
     assert {"ddp_tutorial.config", "ddp_tutorial.lessons", "ddp_tutorial.exercises.judge"} <= kernel
     assert not kernel & {"ddp_tutorial.train", "ddp_tutorial.rank.original",
                          "ddp_tutorial.exercises.workers.task", "ddp_tutorial.exercises.skeletons.wrap"}
-    assert is_rank_module("ddp_tutorial.lessons.data_sync.workers.sampler_demo")
+    assert is_rank_module("ddp_tutorial.lessons.sampler_accumulation.workers.sampler_demo")
     assert not is_rank_module("ddp_tutorial.runfolder") and not is_rank_module("ddp_tutorial.ranking")
 
 

@@ -17,10 +17,10 @@ import torch  # noqa: E402
 
 import ddp_tutorial  # noqa: E402
 from ddp_tutorial import lessons as common  # noqa: E402
-from ddp_tutorial.lessons import data_sync as lessons, teardown  # noqa: E402
+from ddp_tutorial.lessons import sampler_accumulation as lessons, teardown  # noqa: E402
 from ddp_tutorial import plots  # noqa: E402
 from ddp_tutorial.runfolder import Run  # noqa: E402
-from ddp_tutorial.lessons.data_sync.workers import sampler_demo  # noqa: E402
+from ddp_tutorial.lessons.sampler_accumulation.workers import sampler_demo  # noqa: E402
 from ddp_tutorial.rank import original  # noqa: E402
 
 # Sizes unlike the notebook's, so nothing depends on its numbers.

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from ddp_tutorial import config, lessons, mistakes
-from ddp_tutorial.lessons import data_sync, init_wrap
+from ddp_tutorial.lessons import sampler_accumulation, init_wrap
 
 
 def test_mistake_diff_shows_only_real_changes():
@@ -27,7 +27,7 @@ def test_mistake_diff_shows_only_real_changes():
     assert "-    return [i % accum_steps == 0 for i in range(num_batches)]" in schedule
     # a comment at the end of the function is part of it
     assert "every epoch repeats epoch 0's order" in lessons.mistake_diff("no-set-epoch")
-    assert data_sync.mistake_diff is lessons.mistake_diff
+    assert sampler_accumulation.mistake_diff is lessons.mistake_diff
 
 
 def test_mistake_diff_refuses_an_unknown_name():
@@ -56,8 +56,8 @@ def test_init_split_reports_which_part_was_larger():
 
 
 def test_default_lr_is_train_py_default_and_window_means():
-    assert data_sync.default_lr() == config.build_parser().parse_args([]).lr == 0.05
-    assert data_sync.window_means([1, 2, 3, 4, 5], 2) == [1.5, 3.5, 5.0]
+    assert sampler_accumulation.default_lr() == config.build_parser().parse_args([]).lr == 0.05
+    assert sampler_accumulation.window_means([1, 2, 3, 4, 5], 2) == [1.5, 3.5, 5.0]
 
 
 def test_script_function_runs_a_scripts_own_code_without_importing_it():

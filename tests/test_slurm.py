@@ -1,6 +1,6 @@
 """The shipped sbatch script on a real SLURM cluster started on this machine (nothing mocked).
 
-One controller and two nodes on 127.0.0.1 (``ddp_tutorial.lessons.beyond.slurm``),
+One controller and two nodes on 127.0.0.1 (``ddp_tutorial.lessons.beyond_one_machine.slurm``),
 started once for the module and stopped by their pids at the end. Each job is
 the documented ``sbatch --wait`` command (docs/clusters.md); a job that
 outlives its deadline is cancelled and fails the test. Where SLURM cannot run
@@ -21,7 +21,7 @@ from conftest import pid_alive, processes_of_run
 from test_beyond_one_machine import assert_same_params, doc_command, set_option
 
 from ddp_tutorial import TRAIN_SCRIPT, launch
-from ddp_tutorial.lessons.beyond import slurm
+from ddp_tutorial.lessons.beyond_one_machine import slurm
 from ddp_tutorial.runfolder import Run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -178,7 +178,7 @@ def test_a_stopped_cluster_starts_again_clean(tmp_path):
 
 def test_the_guide_shows_the_shipped_script_as_it_is():
     text = (REPO / "docs" / "clusters.md").read_text()
-    shown = text.split("<!-- file: ddp_tutorial/lessons/beyond/slurm/train.sbatch -->\n", 1)[1]
+    shown = text.split("<!-- file: ddp_tutorial/lessons/beyond_one_machine/slurm/train.sbatch -->\n", 1)[1]
     assert shown.split("```", 2)[1].split("\n", 1)[1] == Path(slurm.SBATCH_SCRIPT).read_text()
 
 
@@ -186,6 +186,6 @@ def test_the_notebook_cells_say_why_no_job_runs_when_the_cluster_is_down(tmp_pat
     assert slurm.sbatch_source() == Path(slurm.SBATCH_SCRIPT).read_text()
     said = slurm.local_job_demo(slurm.LocalCluster(tmp_path / "never-started"))
     if WHY_NOT is None:
-        assert "not running" in said and "python -m ddp_tutorial.lessons.beyond.slurm start" in said
+        assert "not running" in said and "python -m ddp_tutorial.lessons.beyond_one_machine.slurm start" in said
     else:
         assert WHY_NOT in said

@@ -192,7 +192,7 @@ def test_the_server_and_its_ranks_die_with_a_killed_launcher(runs_root):
         servers = {parent_of(p) for p in ranks}
         assert len(servers) == 1  # both forked by one server, the launcher's child
         server = servers.pop()
-        assert parent_of(server) == proc.pid and "forkserver.py" in Path(f"/proc/{server}/cmdline").read_text()
+        assert parent_of(server) == proc.pid and "forkserver/server.py" in Path(f"/proc/{server}/cmdline").read_text()
     finally:
         proc.kill()  # SIGKILL: no Python cleanup runs in the launcher
         proc.wait()
@@ -259,7 +259,7 @@ def test_a_group_left_just_before_its_ddp_model_is_dropped_never_hangs_the_rank(
     # dropped with the GIL held when main() returns, while a gloo thread still needs the
     # GIL to free all_gather_object's tensors. Without bootstrap.keep_groups_until_exit one
     # of the first 6 launches of this script hung in ~ProcessGroupGloo (measured 3 times).
-    from ddp_tutorial.lessons.data_sync import SCHEDULE_SCRIPT
+    from ddp_tutorial.lessons.sampler_accumulation import SCHEDULE_SCRIPT
 
     for i in range(20):
         run = launch(SCHEDULE_SCRIPT, 2, ["--micro", "6", "--accum-steps", "4"], echo="none", timeout=30)

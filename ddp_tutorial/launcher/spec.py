@@ -106,10 +106,25 @@ class LaunchSpec:
                    timeout, grace, echo, max_restarts, master_port, warm)
 
 
+def worker_script(package_file: str, name: str) -> str:
+    """Path of a worker script in the ``workers/`` folder beside ``package_file``'s module.
+
+    The kit's lessons find their own scripts this way: ``worker_script(__file__, "sampler_demo.py")``.
+
+    Raises:
+        FileNotFoundError: there is no such script.
+    """
+    path = Path(package_file).resolve().parent / "workers" / name
+    if not path.is_file():
+        raise FileNotFoundError(f"no worker script {path}")
+    return str(path)
+
+
 def scripts_path(name: str) -> str:
     """Path of one of the kit's worker scripts by file name, e.g. ``scripts_path("hello.py")``.
 
-    They live in the ``workers/`` folders beside the lesson that starts them.
+    For a learner at a prompt: it looks through every ``workers/`` folder of the package
+    (the kit's own modules use ``worker_script``, which knows the folder).
     """
     found = sorted(PACKAGE_DIR.glob(f"**/workers/{name}"))
     if len(found) != 1:

@@ -6,9 +6,9 @@ its lesson starts on the ranks with ``launch``.
 
     lessons/                  this module: the original's mistakes (00), reading scripts, leftovers
     lessons/init_wrap/        notebooks 01-02: init_process_group, the DDP wrap
-    lessons/data_sync/        notebooks 03-04: DistributedSampler, no_sync accumulation
+    lessons/sampler_accumulation/        notebooks 03-04: DistributedSampler, no_sync accumulation
     lessons/teardown/         notebook 05: destroy_process_group, crashes, leftovers
-    lessons/beyond/           notebook 08: uneven inputs with Join, the GPU check
+    lessons/beyond_one_machine/           notebook 08: uneven inputs with Join, the GPU check
     lessons/pitfalls/         notebook 09: the pitfalls lab
     lessons/sharding/         notebook 10: memory, ZeRO-1, FSDP2, compressed gradients
 """

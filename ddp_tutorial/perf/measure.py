@@ -14,12 +14,12 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence
 
 from ddp_tutorial.backend import gpu_count
-from ddp_tutorial.launcher import launch, scripts_path
+from ddp_tutorial.launcher import launch, worker_script
 from ddp_tutorial.perf import costmodel as perf
 
 CROSSCHECK_BYTES = 16 * perf.MB
 #: The probe of DDP itself (buckets, overlap, skipped syncs); notebook 07 shows parts of its code.
-DDP_SCRIPT = scripts_path("perf_ddp.py")
+DDP_SCRIPT = worker_script(__file__, "perf_ddp.py")
 
 
 def allreduce_sweep(world_sizes: Sequence[int] = (2, 4), quick: bool = False, backend: str = "gloo",
@@ -38,7 +38,7 @@ def allreduce_sweep(world_sizes: Sequence[int] = (2, 4), quick: bool = False, ba
     """
     samples, cuda_samples, ceilings, backends = [], [], [], set()
     for world_size in world_sizes:
-        run = launch(scripts_path("perf_allreduce.py"), world_size,
+        run = launch(worker_script(__file__, "perf_allreduce.py"), world_size,
                      ["--quick"] * quick + ["--backend", backend], timeout=timeout, echo="rank0")
         samples += run.result(0, "sweep")
         cuda_samples += run.result(0, "cuda_sweep")
@@ -63,7 +63,7 @@ def plain_crosscheck(sweep: Dict, world_size: int = 2, backend: str = "gloo", ti
         ``plain_s``, ``sweep_s``, ``fit_s`` and the relative gaps of the last two to the plain loop.
     """
     env = {"CUDA_VISIBLE_DEVICES": ""} if backend == "gloo" else None  # the bare script picks nccl on GPUs
-    run = launch(scripts_path("perf_plain_allreduce.py"), world_size, [str(CROSSCHECK_BYTES)],
+    run = launch(worker_script(__file__, "perf_plain_allreduce.py"), world_size, [str(CROSSCHECK_BYTES)],
                  timeout=timeout, echo="none", env=env)
     plain_s = run.result(0, "seconds")
     sweep_s = next(s["seconds"] for s in sweep["samples"]
@@ -94,7 +94,7 @@ def grad_view(world_size: int = 2, steps: int = 8, width: int = 256, timeout: fl
     Returns one row per (view, set_to_none): ``grad_storages``, ``buckets``,
     ``grad_bytes``, ``bucket_bytes``, ``grad_bytes_inside_buckets`` and the median ``step_s``.
     """
-    run = launch(scripts_path("perf_grad_view.py"), world_size, ["--steps", str(steps), "--width", str(width)],
+    run = launch(worker_script(__file__, "perf_grad_view.py"), world_size, ["--steps", str(steps), "--width", str(width)],
                  timeout=timeout, echo="none")
     return run.result(0, "grad_view")
 

@@ -12,7 +12,7 @@ from ddp_tutorial.plots.training import (  # noqa: F401
     plot_sync_per_rank,
     plot_sync_timeline,
 )
-from ddp_tutorial.plots.data_sync import plot_sampler_orders, plot_sync_per_micro_step  # noqa: F401
+from ddp_tutorial.plots.sampler_accumulation import plot_sampler_orders, plot_sync_per_micro_step  # noqa: F401
 from ddp_tutorial.plots.init_wrap import plot_allreduces_vs_bucket_cap, plot_init_times  # noqa: F401
 from ddp_tutorial.plots.beyond import plot_restart_loss  # noqa: F401
 from ddp_tutorial.plots.pitfalls import plot_batchnorm_stats, plot_clipping_drift, plot_eval_error, plot_lr_curves, plot_unused_cost  # noqa: F401,E501

@@ -4,7 +4,7 @@
 for each rank. On Linux the worker asks the kernel to SIGKILL it when the
 launcher dies, so even a killed notebook kernel leaves no orphan ranks.
 This file imports nothing heavy: the script pays for its own imports (a rank
-forked by ``forkserver.py`` starts with torch imported, and runs ``run_rank`` too). When the
+forked by ``forkserver/server.py`` starts with torch imported, and runs ``run_rank`` too). When the
 script ends, the worker runs its atexit handlers, flushes stdout and stderr, and
 exits at once (see ``main``): close your own files before the script ends.
 

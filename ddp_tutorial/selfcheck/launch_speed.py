@@ -13,7 +13,7 @@ import time
 from typing import Dict, List
 
 from ddp_tutorial import warmstart
-from ddp_tutorial.launcher import launch, scripts_path
+from ddp_tutorial.launcher import launch, worker_script
 from ddp_tutorial.perf.costmodel import median
 
 
@@ -58,7 +58,7 @@ def server_memory(pid: int) -> Dict[str, float]:
 def warm_launch_speed(world_size: int = 4, repeats: int = 5, timeout: float = 120.0) -> Dict:
     """Warm ``launch`` of hello.py: the first (which starts the fork server if none runs) and the
     median of ``repeats`` after it; then the idle server's memory and thread count."""
-    hello = scripts_path("hello.py")
+    hello = worker_script(__file__, "hello.py")
     t0 = time.perf_counter()
     run = launch(hello, world_size, timeout=timeout, echo="none", warm=True)
     first_s = time.perf_counter() - t0
@@ -91,7 +91,7 @@ def launch_speed(repeats: int = 3, world_size: int = 4, timeout: float = 120.0, 
         (``launch_phases`` medians), the ranks' median ``init_s`` under launch,
         ``import_torch_s`` and ``floor_s`` (world_size imports shared by the cores).
     """
-    hello, probe = scripts_path("hello.py"), scripts_path("launch_probe.py")
+    hello, probe = worker_script(__file__, "hello.py"), worker_script(__file__, "launch_probe.py")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(world_size), hello]
     times: Dict[str, List[float]] = {"launch": [], "torchrun": [], "probe": [], "fixed": []}

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence
 
-from ddp_tutorial.launcher import LaunchError, LaunchTimeout, WorkerError, launch, port_taken, scripts_path
+from ddp_tutorial.launcher import LaunchError, LaunchTimeout, WorkerError, launch, port_taken, worker_script
 from ddp_tutorial.lessons import hold_port, rank_results
 
-INIT_SCRIPT = scripts_path("init_demo.py")
-WRAP_SCRIPT = scripts_path("wrap_demo.py")
+INIT_SCRIPT = worker_script(__file__, "init_demo.py")
+WRAP_SCRIPT = worker_script(__file__, "wrap_demo.py")
 
 
 # -- Notebook 01: init_process_group -------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Dict, List, Optional, Sequence
 
-from ddp_tutorial.launcher import LaunchError, launch, scripts_path
+from ddp_tutorial.launcher import LaunchError, launch, worker_script
 from ddp_tutorial.lessons import script_source
 from ddp_tutorial.runfolder import Run
 
@@ -17,7 +17,7 @@ def script(name: str) -> str:
     """Path of the worker script of pitfall ``name`` (one of ``PITFALLS``)."""
     if name not in PITFALLS:
         raise ValueError(f"no pitfall {name!r}; one of {', '.join(PITFALLS)}")
-    return scripts_path(f"pitfall_{name}.py")
+    return worker_script(__file__, f"pitfall_{name}.py")
 
 
 def show(name: str, function: str) -> None:
@@ -55,7 +55,7 @@ def run_lab(pitfalls: Sequence[str] = LAB, world_size: int = 2, timeout: float =
     unknown = [p for p in pitfalls if p not in PITFALLS]
     if unknown:
         raise ValueError(f"no pitfall(s) {unknown}; one of {', '.join(PITFALLS)}")
-    return launch(scripts_path("pitfall_lab.py"), world_size, list(pitfalls), timeout=timeout, echo="none",
+    return launch(worker_script(__file__, "pitfall_lab.py"), world_size, list(pitfalls), timeout=timeout, echo="none",
                   **launch_kwargs)
 
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence
 
-from ddp_tutorial.launcher import launch, scripts_path
+from ddp_tutorial.launcher import launch, worker_script
 from ddp_tutorial.lessons import script_source
 from ddp_tutorial.runfolder import Run
 
-SCRIPT = scripts_path("sharding_lab.py")
+SCRIPT = worker_script(__file__, "sharding_lab.py")
 PARTS = ("memory", "zero", "fsdp", "compress")
 STRATEGIES = {"ddp": "DDP + Adam", "zero1": "DDP + ZeRO-1 (ZeroRedundancyOptimizer)", "fsdp": "FSDP2 (fully_shard)"}
 KINDS = ("param_bytes", "grad_bytes", "state_bytes")

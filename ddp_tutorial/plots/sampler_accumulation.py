@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ddp_tutorial.lessons.data_sync import sync_seconds_per_micro_step
+from ddp_tutorial.lessons.sampler_accumulation import sync_seconds_per_micro_step
 from ddp_tutorial.plots.training import PHASE_COLORS, new_axes
 
 
@@ -21,7 +21,7 @@ def plot_sampler_orders(orders: Sequence[Dict[int, List[int]]], dataset_size: in
 
     Args:
         orders: per epoch, rank -> indices in the order the rank sees them
-            (``lessons_data_sync.sampler_orders(run)``).
+            (``lessons_sampler_accumulation.sampler_orders(run)``).
         dataset_size: number of samples (columns).
         ax: axes to draw on (new figure if None).
         title: the title.

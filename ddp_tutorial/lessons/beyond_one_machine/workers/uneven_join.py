@@ -8,8 +8,8 @@ timeout (``--pg-timeout``) or the launcher's deadline stops it. With
 all-reduces with zero gradients ("shadow" all-reduces) until every rank is
 done, then DDP copies the last rank's parameters to all, so they end identical.
 
-    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/beyond/workers/uneven_join.py --join
-    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/beyond/workers/uneven_join.py --no-join --pg-timeout 10
+    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/beyond_one_machine/workers/uneven_join.py --join
+    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/beyond_one_machine/workers/uneven_join.py --no-join --pg-timeout 10
 
 From a notebook::
 

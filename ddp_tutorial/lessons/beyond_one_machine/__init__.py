@@ -8,9 +8,9 @@ restarts); ``workers/uneven_join.py`` shows uneven inputs with and without
 
 from pathlib import Path
 
-from ddp_tutorial.launcher import scripts_path
+from ddp_tutorial.launcher import worker_script
 
-UNEVEN_JOIN_SCRIPT = scripts_path("uneven_join.py")
+UNEVEN_JOIN_SCRIPT = worker_script(__file__, "uneven_join.py")
 _RANK_DIR = Path(__file__).resolve().parents[2] / "rank"
 #: Rank code the notebook shows (read with ``lessons.script_source``, never imported in the kernel).
 CHECKPOINT_CODE = str(_RANK_DIR / "checkpoint.py")

@@ -1,6 +1,6 @@
 """The fork server: import torch once, then fork ranks that behave like fresh ``bootstrap.py`` ones.
 
-``launch`` starts this file as ``python -u forkserver.py CONTROL_FD LAUNCHER_PID ROOM`` in a
+``launch`` starts this file as ``python -u forkserver/server.py CONTROL_FD LAUNCHER_PID ROOM`` in a
 session of its own, tied to the launcher with the parent-death signal. It imports torch
 and ``torch._dynamo``, which DDP's constructor imports (and none of the learner's code),
 checks that it is still single-threaded, says so on the
@@ -38,7 +38,7 @@ import sys
 IDLE_S = 300.0
 #: The largest message: one rank's argv and environment.
 MAX_MESSAGE = 1 << 20
-RANK_DIR = os.path.dirname(os.path.abspath(__file__))
+RANK_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rank")
 BOOTSTRAP = os.path.join(RANK_DIR, "bootstrap.py")
 
 

@@ -1,9 +1,9 @@
 """A real SLURM cluster on this machine: one controller, two nodes on 127.0.0.1, and the kit's sbatch script.
 
-    python -m ddp_tutorial.lessons.beyond.slurm start    # munged, slurmctld, slurmd node1 + node2
+    python -m ddp_tutorial.lessons.beyond_one_machine.slurm start    # munged, slurmctld, slurmd node1 + node2
     export SLURM_CONF=...                                # the line it prints
-    sbatch --wait ddp_tutorial/lessons/beyond/slurm/train.sbatch --epochs 2 --out runs/slurm
-    python -m ddp_tutorial.lessons.beyond.slurm stop     # stops the daemons by their pids
+    sbatch --wait ddp_tutorial/lessons/beyond_one_machine/slurm/train.sbatch --epochs 2 --out runs/slurm
+    python -m ddp_tutorial.lessons.beyond_one_machine.slurm stop     # stops the daemons by their pids
 
 Debian's ``slurm-wlm`` and ``munge`` (``apt-get install slurm-wlm munge``, as root). Everything
 the cluster writes (configuration, munge key and socket, state, logs) stays in one folder;
@@ -297,7 +297,7 @@ def local_job_demo(cluster: Optional[LocalCluster] = None, folder=None, timeout:
     """If the local cluster is up: a small 2-node x 2-rank job of train.py, its queue entry and output.
 
     Otherwise a line that says why not (SLURM missing, or not started) and how to start it.
-    Nothing is started here: the cluster is the learner's (``python -m ddp_tutorial.lessons.beyond.slurm start``).
+    Nothing is started here: the cluster is the learner's (``python -m ddp_tutorial.lessons.beyond_one_machine.slurm start``).
 
     Args:
         cluster: default ``LocalCluster()`` (the ``start`` command's folder).
@@ -310,7 +310,7 @@ def local_job_demo(cluster: Optional[LocalCluster] = None, folder=None, timeout:
     cluster = cluster or LocalCluster()
     if not cluster.is_up():
         return ("The local SLURM cluster is not running. Start it (as root) with\n"
-                "    python -m ddp_tutorial.lessons.beyond.slurm start\n"
+                "    python -m ddp_tutorial.lessons.beyond_one_machine.slurm start\n"
                 "and run this cell again; stop it afterwards with the same command and `stop`.")
     Path("runs").mkdir(exist_ok=True)
     folder = Path(folder or tempfile.mkdtemp(prefix="08-slurm-", dir="runs")).resolve()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the nccl path of train.py (needs 1+ CUDA GPU and the nccl backend; not run on CPU CI).
 #
-#   bash ddp_tutorial/lessons/beyond/workers/gpu_check.sh            # from the repository root
+#   bash ddp_tutorial/lessons/beyond_one_machine/workers/gpu_check.sh            # from the repository root
 #
 # 1. A 1-rank nccl run: --backend auto must pick nccl, the rank must use cuda:0.
 # 2. A checkpoint resume on the GPU: a run stopped mid-epoch (injected exit at micro-step 7,

@@ -13,12 +13,12 @@ import statistics
 from typing import Dict, List, Optional, Sequence
 
 from ddp_tutorial import TRAIN_SCRIPT, config
-from ddp_tutorial.launcher import launch, scripts_path
+from ddp_tutorial.launcher import launch, worker_script
 from ddp_tutorial.lessons import ORIGINAL_SCRIPT, script_function
 from ddp_tutorial.lessons import mistake_diff  # noqa: F401  (notebooks 03-04 show the original's diffs)
 from ddp_tutorial.runfolder import Run
 
-SAMPLER_SCRIPT = scripts_path("sampler_demo.py")
+SAMPLER_SCRIPT = worker_script(__file__, "sampler_demo.py")
 
 
 # -- Lesson 03: DistributedSampler ----------------------------------------------
@@ -309,7 +309,7 @@ def sync_alignment(run: Run) -> Dict[str, float]:
 
 
 # -- Lesson 04: which micro-batches a step schedule applies -----------------------
-SCHEDULE_SCRIPT = scripts_path("schedule_demo.py")
+SCHEDULE_SCRIPT = worker_script(__file__, "schedule_demo.py")
 
 
 def run_schedule_demo(bug: bool, micro_per_epoch: int = 6, accum_steps: int = 4, epochs: int = 2,
