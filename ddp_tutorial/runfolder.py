@@ -270,7 +270,7 @@ class Run:
         return [sum(self.steps[r][i]["loss"] for r in self.ranks) / len(self.ranks) for i in range(n)]
 
     def results(self, rank: int) -> List[Dict[str, Any]]:
-        """Records a demo script sent with ``metrics.report`` from ``rank``."""
+        """Records a demo script sent with ``runfolder.report`` from ``rank``."""
         return [rec for rec in self.events.get(rank, []) if rec.get("kind") == "result"]
 
     def result(self, rank: int, key: str):

@@ -14,6 +14,6 @@ from ddp_tutorial.plots.training import (  # noqa: F401
 )
 from ddp_tutorial.plots.sampler_accumulation import plot_sampler_orders, plot_sync_per_micro_step  # noqa: F401
 from ddp_tutorial.plots.init_wrap import plot_allreduces_vs_bucket_cap, plot_init_times  # noqa: F401
-from ddp_tutorial.plots.beyond import plot_restart_loss  # noqa: F401
+from ddp_tutorial.plots.beyond_one_machine import plot_restart_loss  # noqa: F401
 from ddp_tutorial.plots.pitfalls import plot_batchnorm_stats, plot_clipping_drift, plot_eval_error, plot_lr_curves, plot_unused_cost  # noqa: F401,E501
 from ddp_tutorial.plots.sharding import plot_comm_per_step, plot_compressed_loss, plot_memory_per_rank  # noqa: F401

@@ -6,16 +6,7 @@ from typing import Dict, List, Optional
 
 import matplotlib.pyplot as plt
 
-from ddp_tutorial.plots.training import new_axes
-
-
-def _finish(ax: plt.Axes, xlabel: str, ylabel: str, title: str) -> plt.Axes:
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize="small")
-    ax.figure.tight_layout()
-    return ax
+from ddp_tutorial.plots.training import finish_axes, new_axes
 
 
 def plot_init_times(sweep: Dict[int, List[dict]], ax: Optional[plt.Axes] = None,
@@ -36,7 +27,7 @@ def plot_init_times(sweep: Dict[int, List[dict]], ax: Optional[plt.Axes] = None,
     ax.bar(x, wait, color="#bbbbbb", label="waiting for the last rank to arrive")
     ax.bar(x, setup, bottom=wait, color="#4c72b0", label="setup after all arrived (store, connections)")
     ax.set_xticks(list(x), [str(w) for w in sizes])
-    return _finish(ax, "world size (ranks)", "mean time in init_process_group (ms)",
+    return finish_axes(ax, "world size (ranks)", "mean time in init_process_group (ms)",
                    title or "How long init_process_group takes")
 
 
@@ -60,5 +51,5 @@ def plot_allreduces_vs_bucket_cap(rows: List[dict], ax: Optional[plt.Axes] = Non
     model_mb = rows[0]["param_bytes"] / 2**20
     ax.axvline(model_mb, color="black", lw=0.8, ls=":", label=f"gradient size {model_mb:.1f} MiB")
     ax.set_xscale("log")
-    return _finish(ax, "bucket_cap_mb", "all-reduces per backward",
+    return finish_axes(ax, "bucket_cap_mb", "all-reduces per backward",
                    title or "Smaller buckets, more all-reduces")

@@ -11,7 +11,7 @@ from typing import List, Optional
 
 import matplotlib.pyplot as plt
 
-from ddp_tutorial.plots.init_wrap import _finish
+from ddp_tutorial.plots.training import finish_axes
 from ddp_tutorial.plots.training import new_axes
 
 
@@ -34,7 +34,7 @@ def plot_batchnorm_stats(summary: dict, ax: Optional[plt.Axes] = None,
                label=label, color=color)
     ax.set_xticks(range(len(series[0][1])))
     ax.axhline(0, color="grey", lw=0.6)
-    return _finish(ax, "BatchNorm channel", "running mean after training",
+    return finish_axes(ax, "BatchNorm channel", "running mean after training",
                    title or "BatchNorm running statistics: each rank alone vs the global batch")
 
 
@@ -54,7 +54,7 @@ def plot_unused_cost(summary: dict, ax: Optional[plt.Axes] = None, title: Option
         ax.bar([i + offset for i in range(len(names))], medians, 0.4, yerr=spread, capsize=3, color=color,
                label=label)
     ax.set_xticks(range(len(names)), names)
-    return _finish(ax, "DDP wrapping (same model, all parameters used)",
+    return finish_axes(ax, "DDP wrapping (same model, all parameters used)",
                    "time per step (ms), median and quartiles", title or "What each DDP flag costs per step")
 
 
@@ -73,7 +73,7 @@ def plot_eval_error(rows: List[dict], ax: Optional[plt.Axes] = None, title: Opti
         if r["padding"] == 0:
             ax.axvline(r["size"], color="#dddddd", lw=3, zorder=0)
     ax.axhline(0, color="grey", lw=0.6)
-    return _finish(ax, f"validation samples (grey: divisible by {rows[0]['world_size']} ranks, no padding)",
+    return finish_axes(ax, f"validation samples (grey: divisible by {rows[0]['world_size']} ranks, no padding)",
                    "error vs true accuracy\n(percentage points)", title or "Validation accuracy skewed by the sampler's padding")
 
 
@@ -90,7 +90,7 @@ def plot_lr_curves(summary: dict, ax: Optional[plt.Axes] = None, title: Optional
                                          f"(warm-up {s['warmup_steps']} steps)", "--")):
         ax.plot(s["samples"], s["curves"][key], style, label=label)
     ax.set_yscale("log")
-    return _finish(ax, "samples seen", "loss on the whole set (MSE)",
+    return finish_axes(ax, "samples seen", "loss on the whole set (MSE)",
                    title or "Same data, larger global batch: the learning rate must follow")
 
 
@@ -106,5 +106,5 @@ def plot_clipping_drift(summary: dict, ax: Optional[plt.Axes] = None, title: Opt
         ax.plot(range(1, len(diffs) + 1), diffs, style, label=label)
     ax.set_yscale("log")
     ax.set_xticks(range(1, len(summary["right"]["max_diff"]) + 1))
-    return _finish(ax, "optimizer step", "max |parameter - one process| (0 as 1e-9)",
+    return finish_axes(ax, "optimizer step", "max |parameter - one process| (0 as 1e-9)",
                    title or "Clipping with accumulation, against one process on the global batch")

@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ddp_tutorial.lessons.sampler_accumulation import sync_seconds_per_micro_step
-from ddp_tutorial.plots.training import PHASE_COLORS, new_axes
+from ddp_tutorial.plots.training import PHASE_COLORS, finish_axes, new_axes
 
 
 def plot_sampler_orders(orders: Sequence[Dict[int, List[int]]], dataset_size: int,
@@ -73,9 +73,5 @@ def plot_sync_per_micro_step(runs: Dict[str, object], ax: Optional[plt.Axes] = N
     ax.bar([i + (len(ranks) / 2) * width for i in range(len(labels))], means, width,
            color=PHASE_COLORS["sync (all-reduce)"], label="all ranks")
     ax.set_xticks(range(len(labels)), labels)
-    ax.set_ylabel("sync time per micro-step (ms)")
-    ax.set_title(title or "Sync time per micro-step")
-    ax.legend(fontsize="small")
-    ax.figure.tight_layout()
-    return ax
+    return finish_axes(ax, None, "sync time per micro-step (ms)", title or "Sync time per micro-step")
 

@@ -6,7 +6,7 @@ from typing import Optional
 
 import matplotlib.pyplot as plt
 
-from ddp_tutorial.plots.training import new_axes
+from ddp_tutorial.plots.training import finish_axes, new_axes
 
 _KIND_COLORS = {"param_bytes": "#4c72b0", "grad_bytes": "#dd8452", "state_bytes": "#55a868"}
 _KIND_NAMES = {"param_bytes": "parameters", "grad_bytes": "gradients", "state_bytes": "Adam state"}
@@ -43,12 +43,8 @@ def plot_memory_per_rank(table: dict, model: str = "wide", ax: Optional[plt.Axes
         x += 0.5  # a gap between strategies
     ticks = [i + 0.5 * (i // len(next(iter(table[model].values())))) for i in range(len(labels))]
     ax.set_xticks(ticks, labels, fontsize="small")
-    ax.set_ylabel("KiB held by the rank")
-    ax.set_xlabel("strategy and rank")
-    ax.set_title(title or f"What each rank holds after one step ({model} model, Adam, float32)")
-    ax.legend(fontsize="small")
-    ax.figure.tight_layout()
-    return ax
+    return finish_axes(ax, "strategy and rank", "KiB held by the rank",
+                       title or f"What each rank holds after one step ({model} model, Adam, float32)")
 
 
 def plot_comm_per_step(comm: dict, ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
@@ -65,12 +61,8 @@ def plot_comm_per_step(comm: dict, ax: Optional[plt.Axes] = None, title: Optiona
         _stacked_bar(ax, i, {op: (row["bus_bytes"] / 1024, _OP_COLORS.get(op, "grey")) for op, row in ops.items()},
                      labelled)
     ax.set_xticks(range(len(comm)), list(comm), fontsize="small")
-    ax.set_xlabel("strategy")
-    ax.set_ylabel("KiB sent per rank per step")
-    ax.set_title(title or "Bytes each rank sends per training step (ring algorithms)")
-    ax.legend(fontsize="small")
-    ax.figure.tight_layout()
-    return ax
+    return finish_axes(ax, "strategy", "KiB sent per rank per step",
+                       title or "Bytes each rank sends per training step (ring algorithms)")
 
 
 def plot_compressed_loss(summary: dict, ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
@@ -85,9 +77,5 @@ def plot_compressed_loss(summary: dict, ax: Optional[plt.Axes] = None, title: Op
     styles = ["-", "--", ":", "-."]
     for i, (name, hook) in enumerate(summary["hooks"].items()):
         ax.plot(range(1, len(hook["losses"]) + 1), hook["losses"], ls=styles[i % len(styles)], lw=1.6, label=name)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss on the whole dataset (MSE)")
-    ax.set_title(title or "Compressed gradients: the loss curves lie on top of each other")
-    ax.legend(fontsize="small")
-    ax.figure.tight_layout()
-    return ax
+    return finish_axes(ax, "optimizer step", "loss on the whole dataset (MSE)",
+                       title or "Compressed gradients: the loss curves lie on top of each other")

@@ -19,6 +19,21 @@ def new_axes(ax: Optional[plt.Axes], figsize=(8, 3)) -> plt.Axes:
     return ax
 
 
+def finish_axes(ax: plt.Axes, xlabel: Optional[str], ylabel: str, title: str, **legend) -> plt.Axes:
+    """Label ``ax`` (no x label when ``xlabel`` is None), add its legend, fit the figure; returns ``ax``.
+
+    Args:
+        legend: keyword arguments of ``ax.legend`` (default: a small font).
+    """
+    if xlabel is not None:
+        ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(**{"fontsize": "small", **legend})
+    ax.figure.tight_layout()
+    return ax
+
+
 def plot_sync_timeline(run, first_step: int = 0, num_steps: int = 8, ax: Optional[plt.Axes] = None,
                        title: Optional[str] = None) -> plt.Axes:
     """Per-rank timeline of micro-steps: straggler delay, compute, sync and optimizer.
@@ -89,11 +104,7 @@ def plot_sync_per_rank(run, ax: Optional[plt.Axes] = None, title: Optional[str] 
     ax.bar(list(x), compute, w, color=PHASE_COLORS["compute"], label="compute / micro-step")
     ax.bar([i + w for i in x], sync, w, color=PHASE_COLORS["sync (all-reduce)"], label="sync / sync step")
     ax.set_xticks(list(x), [f"rank {r}" for r in ranks])
-    ax.set_ylabel("mean time (ms)")
-    ax.set_title(title or "Where each rank's time goes")
-    ax.legend(fontsize="small")
-    ax.figure.tight_layout()
-    return ax
+    return finish_axes(ax, None, "mean time (ms)", title or "Where each rank's time goes")
 
 
 def plot_loss_curves(run, ax: Optional[plt.Axes] = None, title: Optional[str] = None,
@@ -115,12 +126,7 @@ def plot_loss_curves(run, ax: Optional[plt.Axes] = None, title: Optional[str] = 
     ax.plot(range(len(mean)), mean, lw=2.2, color="black" if not label else None,
             label=f"{prefix}mean over ranks")
     ax.set_yscale("log")
-    ax.set_xlabel("micro-step")
-    ax.set_ylabel("local training loss (MSE)")
-    ax.set_title(title or "Loss curves")
-    ax.legend(fontsize="small", ncol=2)
-    ax.figure.tight_layout()
-    return ax
+    return finish_axes(ax, "micro-step", "local training loss (MSE)", title or "Loss curves", ncol=2)
 
 
 def _mean(values):

@@ -6,7 +6,7 @@ from typing import Optional
 
 import matplotlib.pyplot as plt
 
-from ddp_tutorial.plots.training import new_axes
+from ddp_tutorial.plots.training import finish_axes, new_axes
 
 
 def plot_restart_loss(run, reference=None, rank: int = 0, ax: Optional[plt.Axes] = None,
@@ -45,9 +45,5 @@ def plot_restart_loss(run, reference=None, rank: int = 0, ax: Optional[plt.Axes]
                         xycoords=("data", "axes fraction"), xytext=(4, -4), textcoords="offset points",
                         va="top", fontsize="small")
     ax.set_yscale("log")
-    ax.set_xlabel("micro-step")
-    ax.set_ylabel(f"rank {rank} local loss (MSE)")
-    ax.set_title(title or "Loss across a restart (x: last step before the failure)")
-    ax.legend(fontsize="small", loc="lower left")
-    ax.figure.tight_layout()
-    return ax
+    return finish_axes(ax, "micro-step", f"rank {rank} local loss (MSE)",
+                       title or "Loss across a restart (x: last step before the failure)", loc="lower left")
