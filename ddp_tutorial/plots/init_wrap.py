@@ -28,7 +28,7 @@ def plot_init_times(sweep: Dict[int, List[dict]], ax: Optional[plt.Axes] = None,
     ax.bar(x, setup, bottom=wait, color="#4c72b0", label="setup after all arrived (store, connections)")
     ax.set_xticks(list(x), [str(w) for w in sizes])
     return finish_axes(ax, "world size (ranks)", "mean time in init_process_group (ms)",
-                   title or "How long init_process_group takes")
+                       title or "How long init_process_group takes")
 
 
 def plot_allreduces_vs_bucket_cap(rows: List[dict], ax: Optional[plt.Axes] = None,
@@ -52,4 +52,4 @@ def plot_allreduces_vs_bucket_cap(rows: List[dict], ax: Optional[plt.Axes] = Non
     ax.axvline(model_mb, color="black", lw=0.8, ls=":", label=f"gradient size {model_mb:.1f} MiB")
     ax.set_xscale("log")
     return finish_axes(ax, "bucket_cap_mb", "all-reduces per backward",
-                   title or "Smaller buckets, more all-reduces")
+                       title or "Smaller buckets, more all-reduces")

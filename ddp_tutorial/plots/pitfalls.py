@@ -35,7 +35,7 @@ def plot_batchnorm_stats(summary: dict, ax: Optional[plt.Axes] = None,
     ax.set_xticks(range(len(series[0][1])))
     ax.axhline(0, color="grey", lw=0.6)
     return finish_axes(ax, "BatchNorm channel", "running mean after training",
-                   title or "BatchNorm running statistics: each rank alone vs the global batch")
+                       title or "BatchNorm running statistics: each rank alone vs the global batch")
 
 
 def plot_unused_cost(summary: dict, ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
@@ -55,7 +55,7 @@ def plot_unused_cost(summary: dict, ax: Optional[plt.Axes] = None, title: Option
                label=label)
     ax.set_xticks(range(len(names)), names)
     return finish_axes(ax, "DDP wrapping (same model, all parameters used)",
-                   "time per step (ms), median and quartiles", title or "What each DDP flag costs per step")
+                       "time per step (ms), median and quartiles", title or "What each DDP flag costs per step")
 
 
 def plot_eval_error(rows: List[dict], ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
@@ -74,7 +74,8 @@ def plot_eval_error(rows: List[dict], ax: Optional[plt.Axes] = None, title: Opti
             ax.axvline(r["size"], color="#dddddd", lw=3, zorder=0)
     ax.axhline(0, color="grey", lw=0.6)
     return finish_axes(ax, f"validation samples (grey: divisible by {rows[0]['world_size']} ranks, no padding)",
-                   "error vs true accuracy\n(percentage points)", title or "Validation accuracy skewed by the sampler's padding")
+                       "error vs true accuracy\n(percentage points)",
+                       title or "Validation accuracy skewed by the sampler's padding")
 
 
 def plot_lr_curves(summary: dict, ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
@@ -91,7 +92,7 @@ def plot_lr_curves(summary: dict, ax: Optional[plt.Axes] = None, title: Optional
         ax.plot(s["samples"], s["curves"][key], style, label=label)
     ax.set_yscale("log")
     return finish_axes(ax, "samples seen", "loss on the whole set (MSE)",
-                   title or "Same data, larger global batch: the learning rate must follow")
+                       title or "Same data, larger global batch: the learning rate must follow")
 
 
 def plot_clipping_drift(summary: dict, ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
@@ -107,4 +108,4 @@ def plot_clipping_drift(summary: dict, ax: Optional[plt.Axes] = None, title: Opt
     ax.set_yscale("log")
     ax.set_xticks(range(1, len(summary["right"]["max_diff"]) + 1))
     return finish_axes(ax, "optimizer step", "max |parameter - one process| (0 as 1e-9)",
-                   title or "Clipping with accumulation, against one process on the global batch")
+                       title or "Clipping with accumulation, against one process on the global batch")
