@@ -128,3 +128,19 @@ def test_scripts_written_before_the_task_moved_to_workers_still_import_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          cwd=ROOT, check=True).stdout.split()
     assert out == ["ddp_tutorial.exercises.workers.task", "ddp_tutorial.exercises.workers.reference"]
+
+
+def test_the_kit_finds_its_worker_scripts_in_their_own_package():
+    # scripts_path(name) looks through the whole package (for a learner at a prompt); the kit's
+    # modules name the folder instead, so two scripts of one name can never be confused.
+    callers = [f"{path.relative_to(ROOT)}:{node.lineno}"
+               for path in sorted(PACKAGE.rglob("*.py"))
+               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+               if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None))
+               == "scripts_path"]
+    assert callers == []
+    from ddp_tutorial.launcher import worker_script
+    lesson = PACKAGE / "lessons" / "teardown" / "__init__.py"
+    assert worker_script(str(lesson), "teardown_demo.py") == str(lesson.parent / "workers" / "teardown_demo.py")
+    with pytest.raises(FileNotFoundError, match="no worker script"):
+        worker_script(str(lesson), "sampler_demo.py")  # a script of another lesson
