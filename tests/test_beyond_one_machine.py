@@ -28,6 +28,7 @@ from ddp_tutorial import envvars
 from ddp_tutorial.rank import checkpoint, instrument, restarts
 from ddp_tutorial.backend import choose_backend
 from ddp_tutorial.lessons.beyond_one_machine import UNEVEN_JOIN_SCRIPT
+from ddp_tutorial.checkpoint_settings import CheckpointError
 from ddp_tutorial.rank.checkpoint import load_checkpoint, save_checkpoint, temp_files
 from ddp_tutorial.runfolder import Run
 
@@ -373,8 +374,20 @@ def test_resume_refuses_a_checkpoint_of_another_world_size(tmp_path):
     counters = {"step": 0, "optimizer_steps": 0}
     save_checkpoint(checkpoint.checkpoint_state(model, optimizer, settings, counters, 0, 4, 8), ckpt)
     hooks = instrument.Instrument.from_args(args)
-    with pytest.raises(ValueError, match="world_size"):
+    # The ranks' check is the kernel's (config.validate's): one message, one error type.
+    with pytest.raises(CheckpointError, match=r"checkpoint of another run, made with world_size 2 \(now 4\)"):
         hooks.start(train.DistEnv(rank=0, world_size=4), model, optimizer, 8)
+    with pytest.raises(config.ConfigError, match=r"checkpoint of another run, made with world_size 2 \(now 4\)"):
+        config.parse(SMALL + ["--checkpoint", str(ckpt)], world_size=4)
+
+
+def test_resume_refuses_a_model_file_as_a_checkpoint(tmp_path):
+    model = train.Model()
+    save_checkpoint(model.state_dict(), tmp_path / "model.pt")  # what finish() writes: no position in it
+    args = config.parse(SMALL + ["--no-metrics"], world_size=1)
+    hooks = instrument.Instrument(checkpointer=checkpoint.Checkpointer(tmp_path / "model.pt", 0, args))
+    with pytest.raises(CheckpointError, match="is not a training checkpoint: it has no world_size"):
+        hooks.start(train.DistEnv(), model, torch.optim.SGD(model.parameters(), lr=0.1), 8)
 
 
 def test_save_every_needs_a_checkpoint_path():
