@@ -65,8 +65,8 @@ class Instrument(Hooks):
             original demo's ``time.sleep(random.random())``.
         fault: a failure to inject, or None.
         checkpointer: resumes from and saves to ``--checkpoint``; None: no checkpoints.
-        batch_size: micro-batch size per rank, and
-        accum_steps: K, both for the start line.
+        batch_size: micro-batch size per rank (the start line names it).
+        accum_steps: K, micro-batches per optimizer step (the start line names it).
         bugs: the ``--bug`` names in effect, for the summary record.
         verbose: print the start, per-epoch and final lines.
     """
