@@ -2,7 +2,8 @@
 
 Standard library only, so both sides use it: the kernel refuses a wrong
 ``--checkpoint`` before any process starts (``config.validate``), and the ranks
-(``rank/checkpoint.py``) save and check the same ``SETTINGS``. Reading runs
+(``rank/checkpoint.py``) save the same ``SETTINGS`` and check the checkpoint they
+load with the same ``check_saved_settings``. Reading runs
 nothing from the file: every class its pickle names becomes a placeholder.
 """
 
@@ -28,7 +29,12 @@ class CheckpointError(ValueError):
 
 
 def settings_of(args, world_size: int) -> Dict[str, Any]:
-    """This run's values of ``SETTINGS``, from train.py's parsed flags and its world size."""
+    """This run's values of ``SETTINGS``, from train.py's parsed flags and its world size.
+
+    Args:
+        args: train.py's parsed flags (``config.parse``), or anything with their attributes.
+        world_size: the run's number of ranks.
+    """
     values = dict(vars(args), world_size=world_size)
     return {k: values[k] for k in SETTINGS}
 
@@ -87,7 +93,7 @@ def read_settings(path: PathLike) -> Dict[str, Any]:
 
 
 def check_settings(path: PathLike, now: Dict[str, Any]) -> None:
-    """Refuse ``path`` unless it is a training checkpoint made with the settings in ``now``.
+    """Refuse ``path`` unless it is a training checkpoint made with the settings in ``now`` (read without torch).
 
     Args:
         path: an existing checkpoint file.
@@ -96,7 +102,24 @@ def check_settings(path: PathLike, now: Dict[str, Any]) -> None:
     Raises:
         CheckpointError: not a checkpoint, or one of a run with other settings (the message lists them).
     """
-    saved = read_settings(path)
+    check_saved_settings(path, read_settings(path), now)
+
+
+def check_saved_settings(path: PathLike, saved: Dict[str, Any], now: Dict[str, Any]) -> None:
+    """Refuse the checkpoint ``saved`` (read from ``path``) unless it was made with the settings in ``now``.
+
+    The one check of a checkpoint against the run resuming from it: the kernel's,
+    on the file read without torch (``check_settings``), and each rank's, on the
+    checkpoint it loaded (``rank/checkpoint.py``).
+
+    Args:
+        path: where ``saved`` was read from (for the message).
+        saved: the checkpoint's top-level entries.
+        now: this run's values of ``SETTINGS``.
+
+    Raises:
+        CheckpointError: not a training checkpoint, or one of a run with other settings (the message lists them).
+    """
     missing = [k for k in list(now) + ["epoch", "micro", "step"] if k not in saved]
     if missing:
         raise CheckpointError(f"{str(path)!r} is not a training checkpoint: it has no {', '.join(missing)} "

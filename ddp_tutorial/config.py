@@ -16,8 +16,7 @@ from typing import Dict, List, Sequence
 from ddp_tutorial import envvars
 from ddp_tutorial.backend import BACKENDS
 from ddp_tutorial.checkpoint_settings import CheckpointError, check_settings, settings_of
-# MISTAKES and Mistake live in ddp_tutorial.mistakes; still importable from here, as before.
-from ddp_tutorial.mistakes import BUGS, MISTAKES, Mistake  # noqa: F401
+from ddp_tutorial.mistakes import BUGS
 from ddp_tutorial.runfolder import rank_run_dir
 
 #: The training script, as a file path (``launch(TRAIN_SCRIPT, 4, [...])``) and as a module.

@@ -54,7 +54,7 @@ def restart_attempt() -> int:
     """This process's restart attempt: ``RESTART_COUNT`` (0 when not restarted, or not a number).
 
     Several torchrun agents may disagree: only an agent whose own workers failed
-    counts the restart (``rank.instrument.group_attempt`` agrees on one).
+    counts the restart (``rank.restarts.group_attempt`` agrees on one).
     """
     try:
         return max(0, int(os.environ.get(RESTART_COUNT, 0)))

@@ -4,11 +4,10 @@
     torchrun --nproc-per-node 4 -m ddp_tutorial.train     # 4 ranks, CPU (gloo) or GPUs (nccl)
     ddp_tutorial.launch(ddp_tutorial.TRAIN_SCRIPT, 4, ["--epochs", "2"])   # from a notebook
 
-The steps, in the order they run: (1) ``init_process_group``, (2) ``wrap_model``,
-(3) ``make_loader`` and ``start_epoch``, (4) ``train_epoch``, whose ``micro_step``
-is the ``no_sync`` window, (5) ``teardown``. What the kit measures and saves comes
-in through ``hooks`` (``ddp_tutorial.rank.instrument``); without them this is plain DDP.
-``--bug NAME`` runs the original demo's version of one function (``ddp_tutorial.rank.original``).
+The steps, in the order they run: (1) ``init_process_group``, (2) ``wrap_model``, (3) ``make_loader``
+and ``start_epoch``, (4) ``train_epoch``, whose ``micro_step`` is the ``no_sync`` window, (5) ``teardown``.
+What the kit measures and saves comes in through ``hooks`` (``ddp_tutorial.rank.hooks``); without them
+this is plain DDP. ``--bug NAME`` runs the original demo's version of one function (``rank.original``).
 """
 
 from __future__ import annotations
@@ -33,7 +32,8 @@ if __package__ in (None, ""):  # run as a file path: make the package importable
 from ddp_tutorial import config  # noqa: E402
 from ddp_tutorial.rank import original  # noqa: E402
 from ddp_tutorial.backend import backend_for_this_node  # noqa: E402
-from ddp_tutorial.rank.instrument import NO_HOOKS, Hooks, Instrument  # noqa: E402
+from ddp_tutorial.rank.hooks import NO_HOOKS, Hooks  # noqa: E402
+from ddp_tutorial.rank.instrument import Instrument  # noqa: E402
 
 
 @dataclass

@@ -25,9 +25,10 @@ from conftest import processes_of_run
 from ddp_tutorial import (TRAIN_SCRIPT, LaunchConfigError, WorkerError, config,
                           free_port, launch, launcher, train)
 from ddp_tutorial import envvars
-from ddp_tutorial.rank import instrument
+from ddp_tutorial.rank import checkpoint, instrument, restarts
 from ddp_tutorial.backend import choose_backend
 from ddp_tutorial.lessons.beyond_one_machine import UNEVEN_JOIN_SCRIPT
+from ddp_tutorial.checkpoint_settings import CheckpointError
 from ddp_tutorial.rank.checkpoint import load_checkpoint, save_checkpoint, temp_files
 from ddp_tutorial.runfolder import Run
 
@@ -200,12 +201,12 @@ def test_several_agents_that_may_restart_are_refused_the_shared_store(monkeypatc
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     with pytest.raises(RuntimeError, match=f"export {envvars.FRESH_RDZV_STORE}=1"):
-        instrument.restart_safe_store(5.0)
+        restarts.restart_safe_store(5.0)
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")  # no restart: the shared store is safe
-    assert instrument.restart_safe_store(5.0) is None
+    assert restarts.restart_safe_store(5.0) is None
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")  # the fresh store per round
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
-    assert instrument.restart_safe_store(5.0) is None
+    assert restarts.restart_safe_store(5.0) is None
 
 
 # -- Checkpoint and exact resume ------------------------------------------------
@@ -371,10 +372,22 @@ def test_resume_refuses_a_checkpoint_of_another_world_size(tmp_path):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     settings = {"world_size": 2, "batch_size": 16, "accum_steps": 2, "dataset_size": 256, "seed": 0}
     counters = {"step": 0, "optimizer_steps": 0}
-    save_checkpoint(instrument.checkpoint_state(model, optimizer, settings, counters, 0, 4, 8), ckpt)
+    save_checkpoint(checkpoint.checkpoint_state(model, optimizer, settings, counters, 0, 4, 8), ckpt)
     hooks = instrument.Instrument.from_args(args)
-    with pytest.raises(ValueError, match="world_size"):
+    # The ranks' check is the kernel's (config.validate's): one message, one error type.
+    with pytest.raises(CheckpointError, match=r"checkpoint of another run, made with world_size 2 \(now 4\)"):
         hooks.start(train.DistEnv(rank=0, world_size=4), model, optimizer, 8)
+    with pytest.raises(config.ConfigError, match=r"checkpoint of another run, made with world_size 2 \(now 4\)"):
+        config.parse(SMALL + ["--checkpoint", str(ckpt)], world_size=4)
+
+
+def test_resume_refuses_a_model_file_as_a_checkpoint(tmp_path):
+    model = train.Model()
+    save_checkpoint(model.state_dict(), tmp_path / "model.pt")  # what finish() writes: no position in it
+    args = config.parse(SMALL + ["--no-metrics"], world_size=1)
+    hooks = instrument.Instrument(checkpointer=checkpoint.Checkpointer(tmp_path / "model.pt", 0, args))
+    with pytest.raises(CheckpointError, match="is not a training checkpoint: it has no world_size"):
+        hooks.start(train.DistEnv(), model, torch.optim.SGD(model.parameters(), lr=0.1), 8)
 
 
 def test_save_every_needs_a_checkpoint_path():
@@ -439,7 +452,7 @@ def test_launch_refuses_nccl_without_gpus_before_starting_anything(tmp_path):
 
 def test_every_rank_loads_the_checkpoint_onto_its_own_device(monkeypatch):
     seen = []
-    monkeypatch.setattr(instrument, "load_checkpoint",
+    monkeypatch.setattr(checkpoint, "load_checkpoint",
                         lambda path, map_location: seen.append(map_location))  # no file: a fresh start
     args = config.parse(["--checkpoint", "unused.pt", "--no-metrics"], world_size=2)
     env = train.DistEnv(rank=1, world_size=2, local_rank=1, backend="nccl",

@@ -214,7 +214,7 @@ def name_resolves(dotted: str) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def package_modules() -> dict:
-    """Short module name -> every dotted module of the package that has it (``instrument`` -> rank.instrument)."""
+    """Short module name -> every dotted module of the package that has it (``timing`` -> rank.timing)."""
     found = {}
     for path in PACKAGE.rglob("*.py"):
         if {"skeletons", "solutions"} & set(path.parts):
@@ -355,7 +355,7 @@ def test_the_checks_catch_the_old_mistakes(text, check):
     ("`ddp_tutorial/rank/instrument.py`, `rank/original.py`, `pitfall_<name>.py`, `my_work/init.py`", bad_paths),
     ("torch's `nn/parallel/distributed.py` and `distributed_c10d.py`", bad_paths),
     ("restarts are in notebook 08; notebooks 01–05", bad_notebook_refs),
-    ("`ddp_tutorial.launch`, `ddp_tutorial.rank.instrument.SyncTimer`, `instrument.SyncTimer`",
+    ("`ddp_tutorial.launch`, `ddp_tutorial.rank.timing.SyncTimer`, `timing.SyncTimer`",
      lambda t: bad_names(t, {})),
     ("the [checks](TEACHING.md#what-the-checks-say)", lambda t: bad_links(t, ROOT / "notebooks")),
     ("| a | `x|y` |\n| --- | --- |\n| 1 | 2 |\n", bad_tables),

@@ -11,7 +11,6 @@ from pathlib import Path
 from ddp_tutorial.launcher import worker_script
 
 UNEVEN_JOIN_SCRIPT = worker_script(__file__, "uneven_join.py")
-_RANK_DIR = Path(__file__).resolve().parents[2] / "rank"
-#: Rank code the notebook shows (read with ``lessons.script_source``, never imported in the kernel).
-CHECKPOINT_CODE = str(_RANK_DIR / "checkpoint.py")
-INSTRUMENT_CODE = str(_RANK_DIR / "instrument.py")
+#: Rank code the notebook shows (read with ``lessons.script_source``, never imported in the kernel):
+#: the atomic save, and ``Checkpointer``'s save and resume that ``--checkpoint`` runs.
+CHECKPOINT_CODE = str(Path(__file__).resolve().parents[2] / "rank" / "checkpoint.py")

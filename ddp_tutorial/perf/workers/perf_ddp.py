@@ -30,7 +30,9 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_tutorial.rank.instrument import NO_HOOKS, Instrument, SyncTimer
+from ddp_tutorial.rank.hooks import NO_HOOKS
+from ddp_tutorial.rank.instrument import Instrument
+from ddp_tutorial.rank.timing import SyncTimer
 from ddp_tutorial.runfolder import MetricsWriter, rank_run_dir, report
 from ddp_tutorial.train import (init_process_group, loss_fn, make_dataset, make_inputs, make_loader,
                                 start_epoch, teardown, train_epoch)
@@ -104,7 +106,7 @@ def run_epoch(model, env, batch_size: int, accum_steps: int, micro_steps: int, l
     t0 = time.perf_counter()
     train_epoch(model, loader, optimizer, loss_fn, accum_steps, 0, hooks)
     sync_device(env.device)
-    return time.perf_counter() - t0, hooks.timer.total_bytes
+    return time.perf_counter() - t0, hooks.timer.sync.total_bytes
 
 
 def batches(env, batch_size: int, count: int, seed: int = 0):

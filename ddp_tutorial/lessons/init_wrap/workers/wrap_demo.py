@@ -14,7 +14,7 @@ Three measurements in one run, each handed back with ``report`` under a ``part``
   (``max_abs_diff``) next to the difference from its purely local gradient.
 - ``buckets``: for the tutorial model, and for a deeper model with DDP's default
   buckets and under each ``--bucket-caps`` value, DDP's bucket sizes (bytes) and
-  the all-reduces one backward performs, counted by ``instrument.SyncTimer``.
+  the all-reduces one backward performs, counted by ``timing.SyncTimer``.
 
 It always runs on CPU with gloo: the lesson is what DDP computes, not how fast.
 
@@ -36,7 +36,8 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_tutorial import train
-from ddp_tutorial.rank.instrument import SyncTimer, param_checksum
+from ddp_tutorial.rank.instrument import param_checksum
+from ddp_tutorial.rank.timing import SyncTimer
 from ddp_tutorial.runfolder import report
 
 
