@@ -35,7 +35,6 @@ import sys
 import time
 
 
-
 def _load_envvars():
     """``ddp_tutorial/envvars.py`` by its path, under a private name: importing the package
     would import the launcher too (0.1 s more for every rank)."""
@@ -321,10 +320,12 @@ def run_rank() -> None:
         run_script()
     except BaseException as exc:
         failed_at = time.monotonic()
-        code = script_exit_code(exc)
+        code = exit_code(exc)
         if code and notes:  # first: the report below can take longer than a peer needs to fail and exit
             notes.failed(failed_at, code, exc)
-        report_exception(exc)
+        if not isinstance(exc, (SystemExit, KeyboardInterrupt)):  # those exit without a traceback
+            tb = script_frames(exc.__traceback__) or exc.__traceback__
+            sys.excepthook(type(exc), exc.with_traceback(tb), tb)  # the usual report, from the script on
     if notes:
         notes.close()
     exit_skipping_interpreter_cleanup(code)
@@ -353,8 +354,7 @@ def exit_skipping_interpreter_cleanup(code: int) -> None:
         os._exit(code)
 
 
-#: A module that runs the script on behalf of the rank (the exercises' harness) sets this
-#: global to True: ``script_frames`` leaves its frames out of the script's traceback.
+#: A module that runs the script for the rank (the exercises' harness) sets this global to True.
 RUNS_THE_SCRIPT = "_ddp_tutorial_runs_the_script"
 
 
@@ -371,31 +371,16 @@ def script_frames(tb):
     return None
 
 
-def report_exception(exc: BaseException) -> None:
-    """Print the script's exception as Python would, its traceback from the script on
-    (nothing for ``SystemExit`` and ``KeyboardInterrupt``: ``script_exit_code`` says those)."""
-    if isinstance(exc, (SystemExit, KeyboardInterrupt)):
-        return
-    tb = script_frames(exc.__traceback__) or exc.__traceback__
-    sys.excepthook(type(exc), exc.with_traceback(tb), tb)  # the usual report, from the script on
-
-
-def exit_code(exc: SystemExit) -> int:
-    """The exit status Python itself would give for ``sys.exit(exc.code)``."""
+def exit_code(exc: BaseException) -> int:
+    """The exit status Python itself gives when the script raises ``exc`` (130 for Ctrl-C, as a shell says)."""
+    if not isinstance(exc, SystemExit):
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1
     if exc.code is None:
         return 0
     if isinstance(exc.code, int):
         return exc.code & 0xFF
     print(exc.code, file=sys.stderr)
     return 1
-
-
-def script_exit_code(exc: BaseException) -> int:
-    """The exit status of a process whose script raised ``exc``: ``exit_code`` for
-    ``SystemExit``, 130 for ``KeyboardInterrupt`` (a shell's Ctrl-C status), 1 otherwise."""
-    if isinstance(exc, SystemExit):
-        return exit_code(exc)
-    return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
 
 def run_script(argv=None) -> None:

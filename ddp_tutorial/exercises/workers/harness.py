@@ -26,6 +26,7 @@ status, traceback and failure note under every launcher.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import traceback
 from typing import Optional
@@ -36,12 +37,43 @@ import torch.distributed as dist
 from ddp_tutorial.exercises.workers import reference
 from ddp_tutorial.exercises.workers.observers import Observations, Observers, optimizer_parameters
 from ddp_tutorial.rank import bootstrap
+from ddp_tutorial import envvars
 from ddp_tutorial.runfolder import report
 
 #: Exercises whose checks compare the final parameters with one process's.
 NEEDS_REFERENCE = ("no_sync", "capstone")
 # This module runs the script for the rank: the script's traceback starts below its frames.
 globals()[bootstrap.RUNS_THE_SCRIPT] = True
+KEEPER_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                             "group_keeper.py")
+
+
+def keep_own_group_under_torchrun() -> None:
+    """Under torchrun: have a group keeper kill this rank's process group when the rank dies.
+
+    torchrun starts each rank in a session of its own, out of reach of the kernel's
+    keeper (which has torchrun's group): a killed kernel takes torchrun and, by the
+    bootstrap's parent-death signal, the ranks, but not what a rank started. This
+    keeper reads EOF when this process (the pipe's only holder) is gone, however it
+    ended, and kills what is left of the group: as ``launch`` sweeps a rank's group.
+    """
+    if "RANK" not in os.environ or envvars.LAUNCHER_PID in os.environ or os.getpgid(0) != os.getpid():
+        return  # launch's rank (the kernel's keeper has its group), or a plain process
+    read, write = os.pipe()  # not inherited by what the script starts (PEP 446)
+    try:
+        _KEEPER.append(subprocess.Popen([sys.executable, "-I", "-S", KEEPER_SCRIPT], stdin=read,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        start_new_session=True))
+        os.write(write, f"+{os.getpid()}\n".encode())
+    except OSError:  # the ranks still die with torchrun; only what they started may outlive it
+        os.close(write)
+        return
+    finally:
+        os.close(read)
+    os.register_at_fork(after_in_child=lambda: os.close(write))  # nor by a forked worker
+
+
+_KEEPER = []  # its pipe's write end stays open until this process ends
 
 
 def error_record(exc: BaseException, script: str):
@@ -85,6 +117,7 @@ def checkpoint_records(seen: Observations):
 def run(exercise: str, script: str) -> Optional[BaseException]:
     """Run ``script`` under the observers and report; returns what it raised (None: it ended with status 0)."""
     torch.set_num_threads(1)  # ranks share a small machine
+    keep_own_group_under_torchrun()
     launcher = {"port": os.environ.get("MASTER_PORT"), "rank": int(os.environ.get("RANK", 0)),
                 "world_size": int(os.environ.get("WORLD_SIZE", 1))}
     report({"event": "start", "exercise": exercise, "pid": os.getpid(),
@@ -103,7 +136,7 @@ def run(exercise: str, script: str) -> Optional[BaseException]:
             error = {"type": "SystemExit", "message": f"sys.exit({exc.code!r})", "where": None,
                      "traceback": []}
     except BaseException as exc:  # the script's own error: recorded here, reported by the bootstrap
-        failure, code, error = exc, bootstrap.script_exit_code(exc), error_record(exc, script)
+        failure, code, error = exc, bootstrap.exit_code(exc), error_record(exc, script)
     observers.remove()  # the references below must not be counted
     record = {"event": "final", "exit_code": code, "error": error,
               "initialized_at_exit": dist.is_initialized(), **seen.as_record()}
