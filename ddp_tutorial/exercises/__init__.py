@@ -185,13 +185,13 @@ def check(name: str, path=None, timeout: float = DEFAULT_TIMEOUT_S, echo: str = 
     _known(name)
     t0 = time.monotonic()
     script = Path(path) if path is not None else Path(my_work()) / f"{name}.py"
-    attempts: List[runs.HarnessRun] = []
+    harness_runs: List[runs.HarnessRun] = []
     if not script.is_file():
         criteria = [judge.Criterion("the script exists", False,
                                     f"no file at {script}: run exercises.start({name!r}) first")]
     else:
-        criteria = _run_and_judge(name, script.resolve(), timeout, echo, _run_folder(name), attempts)
-    pids = list(dict.fromkeys(pid for a in attempts for pid in a.pids))  # a plain run reports its pid twice
+        criteria = _run_and_judge(name, script.resolve(), timeout, echo, _run_folder(name), harness_runs)
+    pids = list(dict.fromkeys(pid for run in harness_runs for pid in run.pids))  # a plain run reports its pid twice
     result = _result(name, script, criteria, pids, time.monotonic() - t0)
     print(result.message)
     return result
@@ -205,15 +205,15 @@ def _run_folder(name: str) -> Path:
 
 
 def _run_and_judge(name: str, script: Path, timeout: float, echo: str, folder: Path,
-                   attempts: List[runs.HarnessRun]) -> List[judge.Criterion]:
+                   harness_runs: List[runs.HarnessRun]) -> List[judge.Criterion]:
     if name == "teardown":
         normal = runs.run_launch(name, script, folder / "run", timeout, WORLD_SIZE, echo=echo)
-        attempts.append(normal)
+        harness_runs.append(normal)
         failing = None
         if not normal.timed_out:  # a script that hangs would hang again: keep within the deadline
             failing = runs.run_launch(name, script, folder / "rank_fails", timeout, WORLD_SIZE,
                                       env={envvars.EXERCISE_FAIL_RANK: str(settings.FAIL_RANK)}, echo=echo)
-            attempts.append(failing)
+            harness_runs.append(failing)
         return judge.judge_teardown(normal, failing)
     if name == "capstone":
         # The three runs at once: the plain process and torchrun start first, launch waits here.
@@ -227,12 +227,12 @@ def _run_and_judge(name: str, script: Path, timeout: float, echo: str, folder: P
                 runs.finish(process, time.monotonic(), timeout)
             raise
         plain, torchrun = (runs.finish(process, deadline, timeout) for process in started)
-        attempts += [launched, plain, torchrun]
+        harness_runs += [launched, plain, torchrun]
         return judge.judge_capstone(launched, plain, torchrun)
     harness = shard.HARNESS if name == "shard" else runs.HARNESS
-    attempt = runs.run_launch(name, script, folder / "run", timeout, WORLD_SIZE, echo=echo, harness=harness)
-    attempts.append(attempt)
-    return JUDGES[name](attempt)
+    result = runs.run_launch(name, script, folder / "run", timeout, WORLD_SIZE, echo=echo, harness=harness)
+    harness_runs.append(result)
+    return JUDGES[name](result)
 
 
 JUDGES = {"init": judge.judge_init, "wrap": judge.judge_wrap, "sampler": judge.judge_sampler,

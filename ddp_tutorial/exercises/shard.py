@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Dict, List
 
-from ddp_tutorial.exercises.judge import Criterion, max_difference, not_measured, plural, ran_to_end, ranks_text
+from ddp_tutorial.exercises.judge.common import Criterion, max_difference, not_measured, plural, ran_to_end, ranks_text
 from ddp_tutorial.exercises.runs import HarnessRun
 from ddp_tutorial import envvars
 
@@ -43,16 +43,16 @@ def checkpoint_path() -> str:
     return os.path.join(os.environ.get(envvars.EXERCISE_OUT) or ".", "shard_checkpoint.pt")
 
 
-def shard_finals(attempt: HarnessRun) -> Dict[int, dict]:
+def shard_finals(run: HarnessRun) -> Dict[int, dict]:
     """Per rank, what ``shard_harness.py`` measured once the script ended."""
-    return {r: recs[-1] for r in attempt.ranks if (recs := attempt.events(r, "shard_final"))}
+    return {r: recs[-1] for r in run.ranks if (recs := run.events(r, "shard_final"))}
 
 
-def sharded(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
+def sharded(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     """Every rank holds less than one full Adam state, and the ranks together hold exactly one."""
-    if len(finals) < attempt.world_size or any(f["optimizer"] is None for f in finals.values()):
-        idle = [r for r in attempt.ranks if r not in finals or finals[r]["optimizer"] is None]
-        return not_measured(SHARDED, attempt, f"no optimizer stepped on {ranks_text(idle)}")
+    if len(finals) < run.world_size or any(f["optimizer"] is None for f in finals.values()):
+        idle = [r for r in run.ranks if r not in finals or finals[r]["optimizer"] is None]
+        return not_measured(SHARDED, run, f"no optimizer stepped on {ranks_text(idle)}")
     full = finals[0]["full_state_bytes"]
     held = {r: f["state_bytes"] for r, f in finals.items()}
     measured = ", ".join(f"rank {r}: {b:,} bytes" for r, b in held.items())
@@ -60,7 +60,7 @@ def sharded(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     if "ZeroRedundancyOptimizer" not in kinds:
         return Criterion(SHARDED, False, (
             f"every rank holds Adam's whole state ({measured}; one full copy is {full:,} bytes): the "
-            f"optimizer is {', '.join(sorted(kinds))}, so {attempt.world_size} copies exist. Build "
+            f"optimizer is {', '.join(sorted(kinds))}, so {run.world_size} copies exist. Build "
             "ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=...)"))
     local = {f["local_optimizer"] for f in finals.values()}
     if local != {"Adam"}:
@@ -72,11 +72,11 @@ def sharded(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
                                      f"is {full:,}")
 
 
-def same_as_ddp(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
+def same_as_ddp(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     """The final parameters on every rank equal those the DDP script with Adam reaches."""
     rank0 = finals.get(0, {})
     if "reference" not in rank0:
-        return not_measured(SAME_AS_DDP, attempt, "rank 0 computed no reference (its script failed)")
+        return not_measured(SAME_AS_DDP, run, "rank 0 computed no reference (its script failed)")
     diffs = {r: max_difference(f["final_params"], rank0["reference"]) for r, f in finals.items()}
     worst = max(diffs.values())
     if worst <= TOLERANCE:
@@ -96,7 +96,7 @@ def same_as_ddp(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     return Criterion(SAME_AS_DDP, False, detail)
 
 
-def whole_checkpoint(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
+def whole_checkpoint(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     """Rank 0 saved a checkpoint whose optimizer state covers every parameter (consolidated first)."""
     consolidated = {r: f["consolidate_calls"] for r, f in finals.items()}
     refused = {r: f["state_dict_refused"] for r, f in finals.items() if f["state_dict_refused"]}
@@ -106,7 +106,7 @@ def whole_checkpoint(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
             f"rank {r} called optimizer.state_dict() without consolidate_state_dict(), and it raised: "
             f"\"{refused[r]}\". A ZeroRedundancyOptimizer's state is spread over the ranks; call "
             "optimizer.consolidate_state_dict(to=0) on every rank first, then save optimizer.state_dict() on rank 0"))
-    if len(finals) == attempt.world_size and 0 < sum(1 for n in consolidated.values() if n) < attempt.world_size:
+    if len(finals) == run.world_size and 0 < sum(1 for n in consolidated.values() if n) < run.world_size:
         missing = [r for r, n in consolidated.items() if not n]
         return Criterion(CHECKPOINT, False, (
             f"consolidate_state_dict() ran on {ranks_text([r for r in consolidated if r not in missing])} only, "
@@ -129,9 +129,9 @@ def whole_checkpoint(attempt: HarnessRun, finals: Dict[int, dict]) -> Criterion:
                                        f"{last['state_bytes']:,} bytes")
 
 
-def judge_shard(attempt: HarnessRun) -> List[Criterion]:
-    finals = shard_finals(attempt)
-    criteria = [ran_to_end(attempt)]
+def judge_shard(run: HarnessRun) -> List[Criterion]:
+    finals = shard_finals(run)
+    criteria = [ran_to_end(run)]
     if not finals:
-        return criteria + [not_measured(name, attempt) for name in (SHARDED, SAME_AS_DDP, CHECKPOINT)]
-    return criteria + [sharded(attempt, finals), same_as_ddp(attempt, finals), whole_checkpoint(attempt, finals)]
+        return criteria + [not_measured(name, run) for name in (SHARDED, SAME_AS_DDP, CHECKPOINT)]
+    return criteria + [sharded(run, finals), same_as_ddp(run, finals), whole_checkpoint(run, finals)]

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import atexit
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import List, Optional, Set
+from typing import Iterable, List, Optional, Set
 
 from ddp_tutorial import warmstart
 from ddp_tutorial.launcher.errors import LaunchError
@@ -30,6 +31,8 @@ from ddp_tutorial.launcher.errors import LaunchError
 #: Seconds the kernel gets to reap a rank after SIGKILL; a rank stuck in the
 #: kernel (uninterruptible I/O) longer than this is left, not waited for forever.
 KILL_WAIT_S = 5.0
+#: Seconds a stopped session (``stop_session``) gets between SIGTERM and SIGKILL.
+STOP_GRACE_S = 3.0
 #: Kills the ranks' process groups (and so what the ranks started) if this process dies.
 KEEPER_SCRIPT = str(Path(__file__).resolve().parent.parent / "group_keeper.py")
 
@@ -58,8 +61,99 @@ def start(rank: int, cmd: List[str], env, store_fd: Optional[int] = None,
                                  pass_fds=(fd,) if fd is not None else ())
         except OSError as exc:
             raise LaunchError(f"could not start rank {rank}: {exc}") from exc
-    _tell_keeper("+", p.pid)
+    keep(p.pid)
     return p
+
+
+def start_session(cmd: List[str], env, cwd, output) -> subprocess.Popen:
+    """Start ``cmd`` (a plain process, or torchrun) as the leader of a new session, and tell the keeper.
+
+    A session of its own, as a rank's: ``stop_session`` reaches everything it started
+    that stayed in its group, and a killed kernel's keeper kills that group.
+    """
+    p = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=output,
+                         stderr=subprocess.STDOUT, start_new_session=True)
+    keep(p.pid)
+    return p
+
+
+def wait_for_exit(p: subprocess.Popen, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds until ``p`` exits, without reaping it (its group id stays ours)."""
+    if p.returncode is not None:
+        return True
+    if not hasattr(os, "pidfd_open"):  # e.g. macOS: this reaps, so no group sweep follows
+        try:
+            p.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    _wait_for_pids([p.pid], timeout)
+    return has_exited(p)
+
+
+def end(p: subprocess.Popen) -> None:
+    """Once ``p`` has exited: kill what it left in its group (``sweep``), then reap it."""
+    sweep(p)
+    p.wait()
+
+
+def stop_session(p: subprocess.Popen, strays: Iterable[int] = (), grace: float = STOP_GRACE_S) -> None:
+    """Stop a session ``start_session`` started, then the processes ``strays`` that left it.
+
+    SIGTERM to its group lets the leader stop what it started (torchrun stops its
+    ranks); after ``grace`` seconds what is left of the group gets SIGKILL. torchrun
+    starts each rank in a session of its own, out of reach of its group: ``strays``
+    (their pids, as they reported them) get SIGKILL to their own groups last.
+    """
+    killpg(p, signal.SIGTERM)
+    wait_for_exit(p, grace)
+    end(p)  # SIGKILL to the group, leader included if it still runs
+    kill_groups_and_wait([pid for pid in strays if alive(pid)])
+
+
+def kill_groups_and_wait(pids: List[int], timeout: float = KILL_WAIT_S) -> None:
+    """SIGKILL the process group each of ``pids`` leads, and wait (up to ``timeout``) until those processes are gone.
+
+    For processes that are not our children (no reaping, no group id held): a pidfd is
+    opened before the signal, so a pid reused meanwhile is not hit.
+    """
+    fds = []
+    for pid in pids:
+        try:
+            fds.append(os.pidfd_open(pid))
+        except (AttributeError, OSError):  # gone already, or no pidfd here: signal only
+            pass
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    _wait_for_fds(fds, timeout)
+
+
+def _wait_for_pids(pids: List[int], timeout: float) -> None:
+    """Wait up to ``timeout`` until each of ``pids`` has exited (with pidfds, where there are)."""
+    fds = []
+    for pid in pids:
+        try:
+            fds.append(os.pidfd_open(pid))
+        except (AttributeError, OSError):  # gone already, or no pidfd here
+            pass
+    _wait_for_fds(fds, timeout)
+
+
+def _wait_for_fds(fds: List[int], timeout: float) -> None:
+    """Wait until each pidfd is readable (its process exited: no polling loop), or ``timeout``;
+    close them all."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    pending, deadline = set(fds), time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        for fd, _ in poller.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+            pending.discard(fd)
+            poller.unregister(fd)
+    for fd in fds:
+        os.close(fd)
 
 
 def alive(pid: int) -> bool:
@@ -143,6 +237,12 @@ def sweep(p) -> None:
         killpg(p, signal.SIGKILL)
         wait_for_members(p.pid, time.monotonic() + KILL_WAIT_S)
     _tell_keeper("-", p.pid)  # before the reap: until then the group id is ours
+
+
+def keep(pgid: int) -> None:
+    """Tell the group keeper that process group ``pgid`` started: it kills it if this process dies.
+    ``sweep`` tells it the group is gone."""
+    _tell_keeper("+", pgid)
 
 
 # -- The group keeper's client ------------------------------------------------------

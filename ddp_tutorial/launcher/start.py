@@ -48,16 +48,37 @@ def cold_reason(spec: LaunchSpec) -> Optional[str]:
     return environment_before_torch(spec.target)
 
 
+def worker_env() -> Dict[str, str]:
+    """The environment every process the kit starts to run a script begins with.
+
+    This process's environment without an outer launcher's variables (torchrun's
+    contract, ``TORCHELASTIC_*``, the kit's own per-launch ones: a check run inside a
+    rank must not look like that rank), the package on PYTHONPATH, unbuffered output,
+    gloo's and nccl's sockets on loopback, and one thread unless asked otherwise.
+    """
+    outer = set(envvars.TORCHRUN_CONTRACT) | {envvars.STORE, envvars.LAUNCHER_PID}
+    env = {k: v for k, v in os.environ.items() if k not in outer and not k.startswith("TORCHELASTIC_")}
+    env.update({
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_DIR.parent), env.get("PYTHONPATH")])),
+    })
+    lo = net.loopback_interface()
+    if lo:  # gloo's and nccl's own listening sockets: loopback, whatever the host name resolves to
+        env.update({"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo})
+    # One thread per rank unless asked otherwise: N ranks x all cores thrash a small machine.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
 def rank_env(spec: LaunchSpec, rank: int, port: int, attempt: int, store: str) -> Dict[str, str]:
-    """One rank's environment: torchrun's contract, loopback-only networking, then ``spec.env``.
+    """One rank's environment: ``worker_env()``, torchrun's contract, the kit's variables, then ``spec.env``.
 
     Args:
         store: for rank 0, how its bootstrap hosts the store: ``"fd:N"`` (the
             socket ``launch`` bound) or ``"bind"`` (bind MASTER_PORT itself);
             ``"join"`` for the other ranks.
     """
-    env = dict(os.environ)
-    env.pop(envvars.STORE, None)
+    env = worker_env()
     world = str(spec.world_size)
     env.update({
         # torchrun's contract, for one node
@@ -70,16 +91,8 @@ def rank_env(spec: LaunchSpec, rank: int, port: int, attempt: int, store: str) -
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         # ours
         envvars.RUN_DIR: str(spec.run_dir), envvars.BACKEND: spec.backend,
-        envvars.LAUNCHER_PID: str(os.getpid()),
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_DIR.parent), env.get("PYTHONPATH")])),
+        envvars.LAUNCHER_PID: str(os.getpid()), envvars.STORE: store,
     })
-    lo = net.loopback_interface()
-    if lo:  # gloo's and nccl's own listening sockets: loopback, whatever the host name resolves to
-        env.update({"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo})
-    env[envvars.STORE] = store
-    # One thread per rank unless asked otherwise: N ranks x all cores thrash a small machine.
-    env.setdefault("OMP_NUM_THREADS", "1")
     env.update(spec.env)
     return env
 

@@ -35,7 +35,6 @@ import sys
 import time
 
 
-
 def _load_envvars():
     """``ddp_tutorial/envvars.py`` by its path, under a private name: importing the package
     would import the launcher too (0.1 s more for every rank)."""
@@ -280,7 +279,7 @@ class RankNotes:
         faulthandler.unregister(signal.SIGTERM)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         record = {"failed_at": failed_at, "exit_code": code, "pid": os.getpid(),
-                  "peer_gone": error is not None and any(s in str(error) for s in self.PEER_GONE)}
+                  "peer_gone": isinstance(error, Exception) and any(s in str(error) for s in self.PEER_GONE)}
         try:
             with open(self.failure_path + ".tmp", "w") as f:
                 f.write(json.dumps(record))
@@ -319,22 +318,14 @@ def run_rank() -> None:
     code = 0
     try:
         run_script()
-    except SystemExit as exc:
+    except BaseException as exc:
         failed_at = time.monotonic()
         code = exit_code(exc)
-        if code and notes:
-            notes.failed(failed_at, code)
-    except KeyboardInterrupt:
-        if notes:
-            notes.failed(time.monotonic(), 130)
-        code = 130
-    except BaseException:
-        exc_type, exc, tb = sys.exc_info()
-        if notes:  # first: the report below can take longer than a peer needs to fail and exit
-            notes.failed(time.monotonic(), 1, exc)
-        tb = script_frames(tb) or tb
-        sys.excepthook(exc_type, exc.with_traceback(tb), tb)  # the usual report, from the script on
-        code = 1
+        if code and notes:  # first: the report below can take longer than a peer needs to fail and exit
+            notes.failed(failed_at, code, exc)
+        if not isinstance(exc, (SystemExit, KeyboardInterrupt)):  # those exit without a traceback
+            tb = script_frames(exc.__traceback__) or exc.__traceback__
+            sys.excepthook(type(exc), exc.with_traceback(tb), tb)  # the usual report, from the script on
     if notes:
         notes.close()
     exit_skipping_interpreter_cleanup(code)
@@ -363,20 +354,27 @@ def exit_skipping_interpreter_cleanup(code: int) -> None:
         os._exit(code)
 
 
-def script_frames(tb, *runners):
-    """The traceback without this file's, runpy's and ``runners``' frames (a harness that runs
-    the script through ``run_script``): it starts in the script. None if every frame is theirs."""
-    own = {os.path.abspath(f) for f in (__file__, runpy.__file__, *runners)}
+#: A module that runs the script for the rank (the exercises' harness) sets this global to True.
+RUNS_THE_SCRIPT = "_ddp_tutorial_runs_the_script"
+
+
+def script_frames(tb):
+    """The traceback without this file's, runpy's and the frames of modules that set
+    ``RUNS_THE_SCRIPT``: it starts in the script. None if every frame is theirs."""
+    own = {os.path.abspath(f) for f in (__file__, runpy.__file__)}
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
-        if os.path.abspath(filename) not in own and not filename.startswith("<frozen runpy"):
+        if (os.path.abspath(filename) not in own and not filename.startswith("<frozen runpy")
+                and not tb.tb_frame.f_globals.get(RUNS_THE_SCRIPT)):
             return tb
         tb = tb.tb_next
     return None
 
 
-def exit_code(exc: SystemExit) -> int:
-    """The exit status Python itself would give for ``sys.exit(exc.code)``."""
+def exit_code(exc: BaseException) -> int:
+    """The exit status Python itself gives when the script raises ``exc`` (130 for Ctrl-C, as a shell says)."""
+    if not isinstance(exc, SystemExit):
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1
     if exc.code is None:
         return 0
     if isinstance(exc.code, int):

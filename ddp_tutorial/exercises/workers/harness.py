@@ -1,11 +1,12 @@
 """Run a learner's exercise script in this rank with observers on torch, and report what they saw.
 
-    harness.py EXERCISE SCRIPT
+    python rank/bootstrap.py harness.py EXERCISE SCRIPT
 
 ``exercises.check`` starts this file on every rank (under ``launch``, ``torchrun``
-or as one plain process). It wraps the torch functions a DDP script calls, runs
-SCRIPT as ``__main__``, and ``report()``s the measurements; the check judges them
-in the notebook. Nothing here reads the learner's source: it only watches calls.
+or as one plain process), always run by a rank's bootstrap. It puts the observers
+(``observers.py``) on the torch functions a DDP script calls, runs SCRIPT as
+``__main__``, and ``report()``s the measurements; the check judges them in the
+notebook. Nothing here reads the learner's source: it only watches calls.
 
 Records (``event`` key): ``start``; ``init_called`` and ``init`` around
 ``init_process_group``; ``collective_enter`` and ``collective`` around each
@@ -17,327 +18,72 @@ references (``ddp_tutorial.exercises.workers.reference``), and in the capstone w
 each saved checkpoint loads strictly into ``task.make_model()``. All but ``final`` are
 written the moment they happen, so a rank that hangs or dies still leaves them.
 
-A script that raises makes this rank exit 1 with its traceback, as it would
-on its own. Running the script, its exit status, its traceback and the exit are
-those of a rank's bootstrap (``rank/bootstrap.py``), the same under every launcher.
+Once the ``final`` record is written, what the script raised goes on to the bootstrap,
+which reports it and exits as for any script (``bootstrap.run_rank``): the same exit
+status, traceback and failure note under every launcher.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import inspect
 import os
+import subprocess
 import sys
 import traceback
-from urllib.parse import urlparse
+from typing import Optional
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
-import torch.utils.data
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.parallel import DistributedDataParallel
-from torch.optim.optimizer import register_optimizer_step_post_hook
-from torch.utils.data.distributed import DistributedSampler
 
 from ddp_tutorial.exercises.workers import reference
+from ddp_tutorial.exercises.workers.observers import Observations, Observers, optimizer_parameters
 from ddp_tutorial.rank import bootstrap
+from ddp_tutorial import envvars
 from ddp_tutorial.runfolder import report
 
 #: Exercises whose checks compare the final parameters with one process's.
 NEEDS_REFERENCE = ("no_sync", "capstone")
-#: Tensors up to this many elements are recorded by value in all-reduce records.
-SMALL_TENSOR = 16
+# This module runs the script for the rank: the script's traceback starts below its frames.
+globals()[bootstrap.RUNS_THE_SCRIPT] = True
+KEEPER_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                             "group_keeper.py")
 
 
-class LauncherMismatch(RuntimeError):
-    """init_process_group was given a rendezvous, rank or world size other than the launcher's."""
+def keep_own_group_under_torchrun() -> None:
+    """Under torchrun: have a group keeper kill this rank's process group when the rank dies.
 
-
-def refuse_a_group_that_cannot_form(launcher, init_method, port, rank, world_size) -> None:
-    """Raise ``LauncherMismatch`` where the arguments contradict what the launcher set up.
-
-    Under launch and torchrun every rank joins the launcher's store as a client,
-    so a rendezvous at another port waits for a server that never comes, and
-    ranks that claim other ranks or world sizes than they were given wait for
-    peers that never arrive: the rank is stopped at once instead of at the deadline.
+    torchrun starts each rank in a session of its own, out of reach of the kernel's
+    keeper (which has torchrun's group): a killed kernel takes torchrun and, by the
+    bootstrap's parent-death signal, the ranks, but not what a rank started. This
+    keeper reads EOF when this process (the pipe's only holder) is gone, however it
+    ended, and kills what is left of the group: as ``launch`` sweeps a rank's group.
     """
-    if launcher["port"] is None:  # not under a launcher: nothing to contradict
+    if "RANK" not in os.environ or envvars.LAUNCHER_PID in os.environ or os.getpgid(0) != os.getpid():
+        return  # launch's rank (the kernel's keeper has its group), or a plain process
+    read, write = os.pipe()  # not inherited by what the script starts (PEP 446)
+    try:
+        _KEEPER.append(subprocess.Popen([sys.executable, "-I", "-S", KEEPER_SCRIPT], stdin=read,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        start_new_session=True))
+        os.write(write, f"+{os.getpid()}\n".encode())
+    except OSError:  # the ranks still die with torchrun; only what they started may outlive it
+        os.close(write)
         return
-    if port not in ("store", "file", launcher["port"]):
-        raise LauncherMismatch(
-            f"init_process_group(init_method={init_method!r}) meets at port {port}, but the launcher's "
-            f"rendezvous is MASTER_PORT={launcher['port']}; stopped here instead of waiting for a "
-            "rendezvous that never comes")
-    if rank not in (None, launcher["rank"]) or world_size not in (None, launcher["world_size"]):
-        raise LauncherMismatch(
-            f"init_process_group(rank={rank}, world_size={world_size}) in the process the launcher made "
-            f"rank {launcher['rank']} of {launcher['world_size']}; stopped here instead of waiting for "
-            "a group that cannot form")
+    finally:
+        os.close(read)
+    os.register_at_fork(after_in_child=lambda: os.close(write))  # nor by a forked worker
 
 
-class Observations:
-    """What the observers saw in this rank; ``as_record()`` is the ``final`` report."""
-
-    def __init__(self):
-        self.ddp_wraps = []  # per DistributedDataParallel built: its parameters right after wrapping
-        self.ddp_modules = []  # the modules those wrap
-        self.bucket_allreduces = 0  # gradient buckets all-reduced, counted by the comm hook
-        self.bucket_indices = set()
-        self.ddp_forwards = 0
-        self.syncing_forwards = 0  # forwards after which backward all-reduces
-        self.no_sync_entries = 0
-        self.optimizer_steps = 0
-        self.params_per_step = []
-        self.forwards_at_step = []  # ddp_forwards when each optimizer step ran: where the windows end
-        self.last_optimizer = None
-        self.sampler_iterations = []
-        self.loader_iterations = []
-        self.saves = []
-        self.collectives = 0  # the script's own collective calls (all_reduce, barrier, broadcast, ...)
-        self.ddp_attempts = 0  # DistributedDataParallel(...) calls, including ones that raised
-        self.destroy_calls = 0
-        self.init_world_size = None
-
-    def final_parameters(self):
-        """The parameters the last stepped optimizer holds, else those of the first DDP model."""
-        if self.last_optimizer is not None:
-            return reference.flat_parameters(optimizer_parameters(self.last_optimizer))
-        if self.ddp_modules:
-            return reference.flat_parameters(self.ddp_modules[0].parameters())
-        return None
-
-    def as_record(self):
-        return {
-            "ddp_wraps": self.ddp_wraps,
-            "bucket_allreduces": self.bucket_allreduces,
-            "buckets": len(self.bucket_indices),
-            "ddp_forwards": self.ddp_forwards,
-            "syncing_forwards": self.syncing_forwards,
-            "no_sync_entries": self.no_sync_entries,
-            "optimizer_steps": self.optimizer_steps,
-            "params_per_step": self.params_per_step,
-            "forwards_at_step": self.forwards_at_step,
-            "final_params": self.final_parameters(),
-            "sampler_iterations": self.sampler_iterations,
-            "loader_iterations": self.loader_iterations,
-            "saves": self.saves,
-            "collectives": self.collectives,
-            "ddp_attempts": self.ddp_attempts,
-            "destroy_calls": self.destroy_calls,
-        }
-
-
-def optimizer_parameters(optimizer):
-    return [p for group in optimizer.param_groups for p in group["params"]]
-
-
-def small_values(tensor):
-    """The tensor's values as a list if it is small, else None (records stay small)."""
-    if isinstance(tensor, torch.Tensor) and tensor.numel() <= SMALL_TENSOR:
-        return tensor.detach().reshape(-1).cpu().tolist()
-    return None
-
-
-def dataset_fingerprint(dataset) -> str:
-    """A hash of a TensorDataset's values (equal on two ranks iff they hold the same data)."""
-    tensors = getattr(dataset, "tensors", None)
-    if tensors is None:
-        return f"{type(dataset).__name__} of {len(dataset)} items (not a TensorDataset: not hashed)"
-    digest = hashlib.sha1()
-    for t in tensors:
-        digest.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
-def rendezvous_port(init_method, store):
-    """The port the rendezvous of ``init_method`` goes to, "store", "file", or None if unknown."""
-    if store is not None:
-        return "store"
-    url = urlparse(init_method or "env://")
-    if url.scheme == "env":
-        return os.environ.get("MASTER_PORT")
-    if url.scheme == "tcp":
-        return str(url.port) if url.port is not None else None
-    return url.scheme or None
-
-
-class Observers:
-    """Installs the observers on torch (``install``) and puts the originals back (``remove``)."""
-
-    def __init__(self, seen: Observations, launcher: dict):
-        self.seen = seen
-        self.launcher = launcher  # port, rank, world_size as the launcher set them (port None: none)
-        self._patched = []  # (owner, attribute, original)
-        self._hook = None
-
-    def patch(self, owner, name, replacement):
-        self._patched.append((owner, name, getattr(owner, name)))
-        setattr(owner, name, replacement)
-
-    def remove(self):
-        for owner, name, original in reversed(self._patched):
-            setattr(owner, name, original)
-        self._patched.clear()
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
-
-    def install(self):
-        seen = self.seen
-        self._observe_process_group()
-        self._observe_ddp()
-
-        def after_step(optimizer, args, kwargs):
-            seen.optimizer_steps += 1
-            seen.forwards_at_step.append(seen.ddp_forwards)
-            seen.last_optimizer = optimizer
-            seen.params_per_step.append(reference.flat_parameters(optimizer_parameters(optimizer)))
-
-        self._hook = register_optimizer_step_post_hook(after_step)
-
-        sampler_iter = DistributedSampler.__iter__
-
-        def observed_sampler_iter(sampler):
-            indices = list(sampler_iter(sampler))
-            seen.sampler_iterations.append({
-                "epoch": sampler.epoch, "indices": indices, "seed": sampler.seed,
-                "shuffle": sampler.shuffle, "num_replicas": sampler.num_replicas,
-                "rank": sampler.rank, "dataset": dataset_fingerprint(sampler.dataset),
-                "dataset_size": len(sampler.dataset)})
-            return iter(indices)
-
-        self.patch(DistributedSampler, "__iter__", observed_sampler_iter)
-
-        loader_iter = torch.utils.data.DataLoader.__iter__
-
-        def observed_loader_iter(loader):
-            seen.loader_iterations.append({
-                "dataset": dataset_fingerprint(loader.dataset), "sampler": type(loader.sampler).__name__,
-                "batch_size": loader.batch_size, "forwards_before": seen.ddp_forwards})
-            return loader_iter(loader)
-
-        self.patch(torch.utils.data.DataLoader, "__iter__", observed_loader_iter)
-
-        save = torch.save
-
-        def observed_save(obj, f, *args, **kwargs):
-            where = os.path.abspath(f) if isinstance(f, (str, os.PathLike)) else f"<{type(f).__name__}>"
-            seen.saves.append({"path": where})
-            return save(obj, f, *args, **kwargs)
-
-        self.patch(torch, "save", observed_save)
-        self.patch(torch.serialization, "save", observed_save)
-
-    def _observe_process_group(self):
-        seen, launcher = self.seen, self.launcher
-        init = c10d.init_process_group
-        signature = inspect.signature(init)
-
-        def observed_init(*args, **kwargs):
-            given = signature.bind(*args, **kwargs).arguments
-            init_method = given.get("init_method")
-            port = rendezvous_port(init_method, given.get("store"))
-            report({"event": "init_called", "backend": given.get("backend"), "init_method": init_method,
-                    "rendezvous_port": port, "launcher_port": launcher["port"],
-                    "rank_arg": given.get("rank"), "world_size_arg": given.get("world_size")})
-            refuse_a_group_that_cannot_form(launcher, init_method, port, given.get("rank"),
-                                            given.get("world_size"))
-            init(*args, **kwargs)
-            seen.init_world_size = dist.get_world_size()
-            report({"event": "init", "rank": dist.get_rank(), "world_size": dist.get_world_size(),
-                    "backend": dist.get_backend()})
-
-        def observed_collective(op, collective, takes_tensor=False):
-            def observed(*args, **kwargs):
-                seen.collectives += 1
-                number = seen.collectives
-                tensor = args[0] if takes_tensor and args else kwargs.get("tensor")
-                values = small_values(tensor)
-                # Written before it runs: a rank that waits here forever has said where.
-                report({"event": "collective_enter", "op": op, "n": number, "input": values})
-                work = collective(*args, **kwargs)
-                if work is not None and hasattr(work, "wait"):  # async_op=True: done once waited for
-                    work.wait()
-                report({"event": "collective", "op": op, "n": number, "input": values,
-                        "output": small_values(tensor)})
-                return work
-            return observed
-
-        destroy = c10d.destroy_process_group
-
-        def observed_destroy(*args, **kwargs):
-            seen.destroy_calls += 1
-            # Written before the group goes: the peers may fail (and the launcher stop
-            # this rank) the moment its connections close.
-            report({"event": "destroy", "initialized": dist.is_initialized()})
-            return destroy(*args, **kwargs)
-
-        wrapped = {"init_process_group": observed_init, "destroy_process_group": observed_destroy,
-                   "all_reduce": observed_collective("all_reduce", c10d.all_reduce, takes_tensor=True),
-                   "barrier": observed_collective("barrier", c10d.barrier),
-                   "broadcast": observed_collective("broadcast", c10d.broadcast, takes_tensor=True),
-                   "reduce": observed_collective("reduce", c10d.reduce, takes_tensor=True),
-                   **{op: observed_collective(op, getattr(c10d, op)) for op in (
-                       "all_gather", "all_gather_object", "broadcast_object_list", "gather", "scatter",
-                       "reduce_scatter")}}
-        for owner in (dist, c10d):
-            for name, replacement in wrapped.items():
-                self.patch(owner, name, replacement)
-
-    def _observe_ddp(self):
-        seen = self.seen
-        ddp_init = DistributedDataParallel.__init__
-
-        def counting_allreduce_hook(process_group, bucket):
-            seen.bucket_allreduces += 1
-            seen.bucket_indices.add(bucket.index())
-            return default_hooks.allreduce_hook(process_group, bucket)  # DDP's own averaging
-
-        def observed_ddp_init(ddp, *args, **kwargs):
-            seen.ddp_attempts += 1
-            ddp_init(ddp, *args, **kwargs)  # broadcasts rank 0's parameters and buffers
-            ddp.register_comm_hook(ddp.process_group, counting_allreduce_hook)
-            seen.ddp_modules.append(ddp.module)
-            seen.ddp_wraps.append({"params_after_wrap": reference.flat_parameters(ddp.module.parameters())})
-
-        self.patch(DistributedDataParallel, "__init__", observed_ddp_init)
-
-        forward = DistributedDataParallel.forward
-
-        def observed_forward(ddp, *args, **kwargs):
-            seen.ddp_forwards += 1
-            if ddp.require_backward_grad_sync and torch.is_grad_enabled():
-                seen.syncing_forwards += 1  # DDP decides here that the coming backward all-reduces
-            return forward(ddp, *args, **kwargs)
-
-        self.patch(DistributedDataParallel, "forward", observed_forward)
-
-        no_sync = DistributedDataParallel.no_sync
-
-        @contextlib.contextmanager
-        def observed_no_sync(ddp):
-            seen.no_sync_entries += 1
-            with no_sync(ddp):
-                yield
-
-        self.patch(DistributedDataParallel, "no_sync", observed_no_sync)
+_KEEPER = []  # its pipe's write end stays open until this process ends
 
 
 def error_record(exc: BaseException, script: str):
     """Type, message, the script's line it came from, and the last lines of the traceback."""
-    lines = traceback.format_exception(type(exc), exc, learner_frames(exc.__traceback__))
+    lines = traceback.format_exception(type(exc), exc, bootstrap.script_frames(exc.__traceback__))
     in_script = [f for f in traceback.extract_tb(exc.__traceback__) if os.path.abspath(f.filename) == script]
     where = (f"{os.path.basename(script)}, line {in_script[-1].lineno}: {(in_script[-1].line or '').strip()}"
              if in_script else None)
     return {"type": type(exc).__name__, "message": str(exc)[:800], "where": where,
             "traceback": "".join(lines).rstrip().splitlines()[-8:]}
-
-
-def learner_frames(tb):
-    """The traceback from the learner's script on (this file's and runpy's frames dropped)."""
-    return bootstrap.script_frames(tb, __file__) or tb
 
 
 def sampler_seed(seen: Observations) -> int:
@@ -368,9 +114,10 @@ def checkpoint_records(seen: Observations):
     return checked
 
 
-def run(exercise: str, script: str) -> int:
-    """Run ``script`` under the observers and report; returns this rank's exit code."""
+def run(exercise: str, script: str) -> Optional[BaseException]:
+    """Run ``script`` under the observers and report; returns what it raised (None: it ended with status 0)."""
     torch.set_num_threads(1)  # ranks share a small machine
+    keep_own_group_under_torchrun()
     launcher = {"port": os.environ.get("MASTER_PORT"), "rank": int(os.environ.get("RANK", 0)),
                 "world_size": int(os.environ.get("WORLD_SIZE", 1))}
     report({"event": "start", "exercise": exercise, "pid": os.getpid(),
@@ -379,17 +126,17 @@ def run(exercise: str, script: str) -> int:
     seen = Observations()
     observers = Observers(seen, launcher)
     observers.install()
-    error, code = None, 0
+    failure, error, code = None, None, 0
     try:
         bootstrap.run_script([script])
     except SystemExit as exc:
-        code = bootstrap.exit_code(exc)  # the status Python itself would give
+        code = bootstrap.exit_code(exc)  # the status Python itself would give (a message printed now)
         if code:
+            failure = SystemExit(code)
             error = {"type": "SystemExit", "message": f"sys.exit({exc.code!r})", "where": None,
                      "traceback": []}
-    except BaseException as exc:  # the script's own error: record it, then fail as it would
-        error, code = error_record(exc, script), 1
-        traceback.print_exception(type(exc), exc, learner_frames(exc.__traceback__))
+    except BaseException as exc:  # the script's own error: recorded here, reported by the bootstrap
+        failure, code, error = exc, bootstrap.exit_code(exc), error_record(exc, script)
     observers.remove()  # the references below must not be counted
     record = {"event": "final", "exit_code": code, "error": error,
               "initialized_at_exit": dist.is_initialized(), **seen.as_record()}
@@ -401,13 +148,19 @@ def run(exercise: str, script: str) -> int:
     if exercise == "capstone":
         record["checkpoints"] = checkpoint_records(seen)
     report(record)
-    return code
+    return failure
+
+
+def end_as_the_script_did(failure: Optional[BaseException]) -> None:
+    """Hand what the script raised on to the bootstrap running this file, which exits as for any script."""
+    if failure is not None:
+        raise failure
 
 
 def main(argv) -> None:
     if len(argv) != 2:
-        sys.exit("usage: harness.py EXERCISE SCRIPT")
-    bootstrap.exit_skipping_interpreter_cleanup(run(argv[0], os.path.abspath(argv[1])))
+        sys.exit("usage: bootstrap.py harness.py EXERCISE SCRIPT")
+    end_as_the_script_did(run(argv[0], os.path.abspath(argv[1])))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The harness of exercise "shard": the common harness, plus what a ZeRO-1 check must measure.
 
-    shard_harness.py shard SCRIPT
+    python rank/bootstrap.py shard_harness.py shard SCRIPT
 
 Runs SCRIPT under ``harness.run`` (its records, exit code and error as for
 every exercise) with more observers installed around it:
@@ -22,14 +22,14 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data.distributed import DistributedSampler
 
-if __package__ in (None, ""):  # run as a file path: make the package importable
-    sys.path.insert(0, os.path.abspath(__file__).rsplit(os.sep + "ddp_tutorial" + os.sep, 1)[0])
+from ddp_tutorial.exercises.shard import LR
+from ddp_tutorial.exercises.workers import harness, observers, reference, task
+from ddp_tutorial.lessons.sharding.workers.sharding_common import nbytes, optimizer_state, state_tensors
+from ddp_tutorial.rank import bootstrap
+from ddp_tutorial.runfolder import report
 
-from ddp_tutorial.exercises.workers import reference, task  # noqa: E402
-from ddp_tutorial.exercises.shard import LR  # noqa: E402
-from ddp_tutorial.exercises.workers import harness  # noqa: E402
-from ddp_tutorial.lessons.sharding.workers.sharding_common import nbytes, optimizer_state, state_tensors  # noqa: E402
-from ddp_tutorial.runfolder import report  # noqa: E402
+# This module runs the script for the rank (through ``harness.run``): its frames are not the script's.
+globals()[bootstrap.RUNS_THE_SCRIPT] = True
 
 
 def optimizer_states_in(obj):
@@ -45,7 +45,7 @@ def optimizer_states_in(obj):
             yield from optimizer_states_in(value)
 
 
-class ZeroObservers(harness.Observers):
+class ZeroObservers(observers.Observers):
     """What the common harness does not watch: ZeRO's calls, saved optimizer states, the last optimizer.
 
     ``patch`` and ``remove`` are the common harness's; ``install`` puts these observers in.
@@ -137,7 +137,7 @@ def ddp_replay(world_size: int, seed: int = 0):
 
 def final_record(seen: ZeroObservers) -> dict:
     opt = seen.last_optimizer
-    params = harness.optimizer_parameters(opt) if opt is not None else []
+    params = observers.optimizer_parameters(opt) if opt is not None else []
     record = {"event": "shard_final", "optimizer": type(opt).__name__ if opt is not None else None,
               "local_optimizer": type(optimizer_state(opt)).__name__ if opt is not None else None,
               "lr": opt.param_groups[0]["lr"] if opt is not None else None,
@@ -154,13 +154,13 @@ def final_record(seen: ZeroObservers) -> dict:
 
 def main(argv) -> None:
     if len(argv) != 2:
-        sys.exit("usage: shard_harness.py EXERCISE SCRIPT")
+        sys.exit("usage: bootstrap.py shard_harness.py EXERCISE SCRIPT")
     seen = ZeroObservers()
     seen.install()
-    code = harness.run(argv[0], os.path.abspath(argv[1]))
+    failure = harness.run(argv[0], os.path.abspath(argv[1]))
     seen.remove()
     report(final_record(seen))
-    harness.bootstrap.exit_skipping_interpreter_cleanup(code)
+    harness.end_as_the_script_did(failure)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,307 @@
+"""The harness's observers: wrappers around the torch calls a DDP script makes, and what they saw.
+
+``Observers.install`` puts them on torch (``init_process_group``, the collectives,
+``destroy_process_group``, DistributedDataParallel's ``__init__``, ``forward`` and
+``no_sync``, the optimizer step, DistributedSampler and DataLoader iteration,
+``torch.save``); ``remove`` puts the originals back. ``Observations`` holds the
+counts they keep, ``as_record()`` gives them for the ``final`` record. The calls
+that happen once, or that a rank may hang in, are ``report()``ed the moment they
+happen (``init_called``, ``init``, ``collective_enter``, ``collective``, ``destroy``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import os
+from urllib.parse import urlparse
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+import torch.utils.data
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data.distributed import DistributedSampler
+
+from ddp_tutorial.exercises.workers import reference
+from ddp_tutorial.runfolder import report
+
+#: Tensors up to this many elements are recorded by value in all-reduce records.
+SMALL_TENSOR = 16
+
+
+class LauncherMismatch(RuntimeError):
+    """init_process_group was given a rendezvous, rank or world size other than the launcher's."""
+
+
+def refuse_a_group_that_cannot_form(launcher, init_method, port, rank, world_size) -> None:
+    """Raise ``LauncherMismatch`` where the arguments contradict what the launcher set up.
+
+    Under launch and torchrun every rank joins the launcher's store as a client,
+    so a rendezvous at another port waits for a server that never comes, and
+    ranks that claim other ranks or world sizes than they were given wait for
+    peers that never arrive: the rank is stopped at once instead of at the deadline.
+    """
+    if launcher["port"] is None:  # not under a launcher: nothing to contradict
+        return
+    if port not in ("store", "file", launcher["port"]):
+        raise LauncherMismatch(
+            f"init_process_group(init_method={init_method!r}) meets at port {port}, but the launcher's "
+            f"rendezvous is MASTER_PORT={launcher['port']}; stopped here instead of waiting for a "
+            "rendezvous that never comes")
+    if rank not in (None, launcher["rank"]) or world_size not in (None, launcher["world_size"]):
+        raise LauncherMismatch(
+            f"init_process_group(rank={rank}, world_size={world_size}) in the process the launcher made "
+            f"rank {launcher['rank']} of {launcher['world_size']}; stopped here instead of waiting for "
+            "a group that cannot form")
+
+
+class Observations:
+    """What the observers saw in this rank; ``as_record()`` is the ``final`` report."""
+
+    def __init__(self):
+        self.ddp_wraps = []  # per DistributedDataParallel built: its parameters right after wrapping
+        self.ddp_modules = []  # the modules those wrap
+        self.bucket_allreduces = 0  # gradient buckets all-reduced, counted by the comm hook
+        self.bucket_indices = set()
+        self.ddp_forwards = 0
+        self.syncing_forwards = 0  # forwards after which backward all-reduces
+        self.no_sync_entries = 0
+        self.optimizer_steps = 0
+        self.params_per_step = []
+        self.forwards_at_step = []  # ddp_forwards when each optimizer step ran: where the windows end
+        self.last_optimizer = None
+        self.sampler_iterations = []
+        self.loader_iterations = []
+        self.saves = []
+        self.collectives = 0  # the script's own collective calls (all_reduce, barrier, broadcast, ...)
+        self.ddp_attempts = 0  # DistributedDataParallel(...) calls, including ones that raised
+        self.destroy_calls = 0
+        self.init_world_size = None
+
+    def final_parameters(self):
+        """The parameters the last stepped optimizer holds, else those of the first DDP model."""
+        if self.last_optimizer is not None:
+            return reference.flat_parameters(optimizer_parameters(self.last_optimizer))
+        if self.ddp_modules:
+            return reference.flat_parameters(self.ddp_modules[0].parameters())
+        return None
+
+    def as_record(self):
+        return {
+            "ddp_wraps": self.ddp_wraps,
+            "bucket_allreduces": self.bucket_allreduces,
+            "buckets": len(self.bucket_indices),
+            "ddp_forwards": self.ddp_forwards,
+            "syncing_forwards": self.syncing_forwards,
+            "no_sync_entries": self.no_sync_entries,
+            "optimizer_steps": self.optimizer_steps,
+            "params_per_step": self.params_per_step,
+            "forwards_at_step": self.forwards_at_step,
+            "final_params": self.final_parameters(),
+            "sampler_iterations": self.sampler_iterations,
+            "loader_iterations": self.loader_iterations,
+            "saves": self.saves,
+            "collectives": self.collectives,
+            "ddp_attempts": self.ddp_attempts,
+            "destroy_calls": self.destroy_calls,
+        }
+
+
+def optimizer_parameters(optimizer):
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def small_values(tensor):
+    """The tensor's values as a list if it is small, else None (records stay small)."""
+    if isinstance(tensor, torch.Tensor) and tensor.numel() <= SMALL_TENSOR:
+        return tensor.detach().reshape(-1).cpu().tolist()
+    return None
+
+
+def dataset_fingerprint(dataset) -> str:
+    """A hash of a TensorDataset's values (equal on two ranks iff they hold the same data)."""
+    tensors = getattr(dataset, "tensors", None)
+    if tensors is None:
+        return f"{type(dataset).__name__} of {len(dataset)} items (not a TensorDataset: not hashed)"
+    digest = hashlib.sha1()
+    for t in tensors:
+        digest.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def rendezvous_port(init_method, store):
+    """The port the rendezvous of ``init_method`` goes to, "store", "file", or None if unknown."""
+    if store is not None:
+        return "store"
+    url = urlparse(init_method or "env://")
+    if url.scheme == "env":
+        return os.environ.get("MASTER_PORT")
+    if url.scheme == "tcp":
+        return str(url.port) if url.port is not None else None
+    return url.scheme or None
+
+
+class Observers:
+    """Installs the observers on torch (``install``) and puts the originals back (``remove``)."""
+
+    def __init__(self, seen: Observations, launcher: dict):
+        self.seen = seen
+        self.launcher = launcher  # port, rank, world_size as the launcher set them (port None: none)
+        self._patched = []  # (owner, attribute, original)
+        self._hook = None
+
+    def patch(self, owner, name, replacement):
+        self._patched.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, replacement)
+
+    def remove(self):
+        for owner, name, original in reversed(self._patched):
+            setattr(owner, name, original)
+        self._patched.clear()
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def install(self):
+        seen = self.seen
+        self._observe_process_group()
+        self._observe_ddp()
+
+        def after_step(optimizer, args, kwargs):
+            seen.optimizer_steps += 1
+            seen.forwards_at_step.append(seen.ddp_forwards)
+            seen.last_optimizer = optimizer
+            seen.params_per_step.append(reference.flat_parameters(optimizer_parameters(optimizer)))
+
+        self._hook = register_optimizer_step_post_hook(after_step)
+
+        sampler_iter = DistributedSampler.__iter__
+
+        def observed_sampler_iter(sampler):
+            indices = list(sampler_iter(sampler))
+            seen.sampler_iterations.append({
+                "epoch": sampler.epoch, "indices": indices, "seed": sampler.seed,
+                "shuffle": sampler.shuffle, "num_replicas": sampler.num_replicas,
+                "rank": sampler.rank, "dataset": dataset_fingerprint(sampler.dataset),
+                "dataset_size": len(sampler.dataset)})
+            return iter(indices)
+
+        self.patch(DistributedSampler, "__iter__", observed_sampler_iter)
+
+        loader_iter = torch.utils.data.DataLoader.__iter__
+
+        def observed_loader_iter(loader):
+            seen.loader_iterations.append({
+                "dataset": dataset_fingerprint(loader.dataset), "sampler": type(loader.sampler).__name__,
+                "batch_size": loader.batch_size, "forwards_before": seen.ddp_forwards})
+            return loader_iter(loader)
+
+        self.patch(torch.utils.data.DataLoader, "__iter__", observed_loader_iter)
+
+        save = torch.save
+
+        def observed_save(obj, f, *args, **kwargs):
+            where = os.path.abspath(f) if isinstance(f, (str, os.PathLike)) else f"<{type(f).__name__}>"
+            seen.saves.append({"path": where})
+            return save(obj, f, *args, **kwargs)
+
+        self.patch(torch, "save", observed_save)
+        self.patch(torch.serialization, "save", observed_save)
+
+    def _observe_process_group(self):
+        seen, launcher = self.seen, self.launcher
+        init = c10d.init_process_group
+        signature = inspect.signature(init)
+
+        def observed_init(*args, **kwargs):
+            given = signature.bind(*args, **kwargs).arguments
+            init_method = given.get("init_method")
+            port = rendezvous_port(init_method, given.get("store"))
+            report({"event": "init_called", "backend": given.get("backend"), "init_method": init_method,
+                    "rendezvous_port": port, "launcher_port": launcher["port"],
+                    "rank_arg": given.get("rank"), "world_size_arg": given.get("world_size")})
+            refuse_a_group_that_cannot_form(launcher, init_method, port, given.get("rank"),
+                                            given.get("world_size"))
+            init(*args, **kwargs)
+            seen.init_world_size = dist.get_world_size()
+            report({"event": "init", "rank": dist.get_rank(), "world_size": dist.get_world_size(),
+                    "backend": dist.get_backend()})
+
+        def observed_collective(op, collective, takes_tensor=False):
+            def observed(*args, **kwargs):
+                seen.collectives += 1
+                number = seen.collectives
+                tensor = args[0] if takes_tensor and args else kwargs.get("tensor")
+                values = small_values(tensor)
+                # Written before it runs: a rank that waits here forever has said where.
+                report({"event": "collective_enter", "op": op, "n": number, "input": values})
+                work = collective(*args, **kwargs)
+                if work is not None and hasattr(work, "wait"):  # async_op=True: done once waited for
+                    work.wait()
+                report({"event": "collective", "op": op, "n": number, "input": values,
+                        "output": small_values(tensor)})
+                return work
+            return observed
+
+        destroy = c10d.destroy_process_group
+
+        def observed_destroy(*args, **kwargs):
+            seen.destroy_calls += 1
+            # Written before the group goes: the peers may fail (and the launcher stop
+            # this rank) the moment its connections close.
+            report({"event": "destroy", "initialized": dist.is_initialized()})
+            return destroy(*args, **kwargs)
+
+        wrapped = {"init_process_group": observed_init, "destroy_process_group": observed_destroy,
+                   "all_reduce": observed_collective("all_reduce", c10d.all_reduce, takes_tensor=True),
+                   "barrier": observed_collective("barrier", c10d.barrier),
+                   "broadcast": observed_collective("broadcast", c10d.broadcast, takes_tensor=True),
+                   "reduce": observed_collective("reduce", c10d.reduce, takes_tensor=True),
+                   **{op: observed_collective(op, getattr(c10d, op)) for op in (
+                       "all_gather", "all_gather_object", "broadcast_object_list", "gather", "scatter",
+                       "reduce_scatter")}}
+        for owner in (dist, c10d):
+            for name, replacement in wrapped.items():
+                self.patch(owner, name, replacement)
+
+    def _observe_ddp(self):
+        seen = self.seen
+        ddp_init = DistributedDataParallel.__init__
+
+        def counting_allreduce_hook(process_group, bucket):
+            seen.bucket_allreduces += 1
+            seen.bucket_indices.add(bucket.index())
+            return default_hooks.allreduce_hook(process_group, bucket)  # DDP's own averaging
+
+        def observed_ddp_init(ddp, *args, **kwargs):
+            seen.ddp_attempts += 1
+            ddp_init(ddp, *args, **kwargs)  # broadcasts rank 0's parameters and buffers
+            ddp.register_comm_hook(ddp.process_group, counting_allreduce_hook)
+            seen.ddp_modules.append(ddp.module)
+            seen.ddp_wraps.append({"params_after_wrap": reference.flat_parameters(ddp.module.parameters())})
+
+        self.patch(DistributedDataParallel, "__init__", observed_ddp_init)
+
+        forward = DistributedDataParallel.forward
+
+        def observed_forward(ddp, *args, **kwargs):
+            seen.ddp_forwards += 1
+            if ddp.require_backward_grad_sync and torch.is_grad_enabled():
+                seen.syncing_forwards += 1  # DDP decides here that the coming backward all-reduces
+            return forward(ddp, *args, **kwargs)
+
+        self.patch(DistributedDataParallel, "forward", observed_forward)
+
+        no_sync = DistributedDataParallel.no_sync
+
+        @contextlib.contextmanager
+        def observed_no_sync(ddp):
+            seen.no_sync_entries += 1
+            with no_sync(ddp):
+                yield
+
+        self.patch(DistributedDataParallel, "no_sync", observed_no_sync)
