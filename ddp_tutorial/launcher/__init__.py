@@ -34,7 +34,7 @@ from typing import Dict, Optional, Sequence
 from ddp_tutorial.launcher.errors import (LaunchConfigError, LaunchError, LaunchTimeout, WorkerError,
                                           describe_exit, port_taken)
 from ddp_tutorial.launcher.net import LOOPBACK, free_port, loopback_interface
-from ddp_tutorial.launcher.procgroup import keeper_pid
+from ddp_tutorial.launcher.keeper import keeper_pid
 from ddp_tutorial.launcher.spec import (BOOTSTRAP, MAX_WORLD_SIZE, LaunchSpec, check_args_with, scripts_path,
                                        worker_script)
 from ddp_tutorial.launcher.start import prestart_fork_server

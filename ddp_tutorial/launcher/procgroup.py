@@ -6,26 +6,22 @@ it started. Its pid is the group's id, and stays ours only until the rank is
 reaped: every signal here is sent before that (``killpg``, ``sweep``).
 
 If this process dies without running any code (SIGKILL, a crashed kernel), the
-ranks die by their parent-death signal, and the group keeper (``group_keeper.py``,
-one small process per launching process) kills their groups when its pipe from us
-closes. The limit: a process that started a session of its own has left its rank's
-group, and nothing here reaches it. Standard library only.
+ranks die by their parent-death signal, and the group keeper (``keeper.py``) kills
+their groups. The limit: a process that started a session of its own has left its
+rank's group, and nothing here reaches it. Standard library only.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 import select
 import signal
 import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
-from typing import Iterable, List, Optional, Set
+from typing import Iterable, List, Optional
 
 from ddp_tutorial import warmstart
+from ddp_tutorial.launcher import keeper
 from ddp_tutorial.launcher.errors import LaunchError
 
 #: Seconds the kernel gets to reap a rank after SIGKILL; a rank stuck in the
@@ -33,8 +29,6 @@ from ddp_tutorial.launcher.errors import LaunchError
 KILL_WAIT_S = 5.0
 #: Seconds a stopped session (``stop_session``) gets between SIGTERM and SIGKILL.
 STOP_GRACE_S = 3.0
-#: Kills the ranks' process groups (and so what the ranks started) if this process dies.
-KEEPER_SCRIPT = str(Path(__file__).resolve().parent.parent / "group_keeper.py")
 
 
 def start(rank: int, cmd: List[str], env, store_fd: Optional[int] = None,
@@ -61,7 +55,7 @@ def start(rank: int, cmd: List[str], env, store_fd: Optional[int] = None,
                                  pass_fds=(fd,) if fd is not None else ())
         except OSError as exc:
             raise LaunchError(f"could not start rank {rank}: {exc}") from exc
-    keep(p.pid)
+    keeper.keep(p.pid)
     return p
 
 
@@ -73,7 +67,7 @@ def start_session(cmd: List[str], env, cwd, output) -> subprocess.Popen:
     """
     p = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=output,
                          stderr=subprocess.STDOUT, start_new_session=True)
-    keep(p.pid)
+    keeper.keep(p.pid)
     return p
 
 
@@ -236,69 +230,4 @@ def sweep(p) -> None:
     if not getattr(p, "lost", False):  # a lost warm rank's pid may be another's by now
         killpg(p, signal.SIGKILL)
         wait_for_members(p.pid, time.monotonic() + KILL_WAIT_S)
-    _tell_keeper("-", p.pid)  # before the reap: until then the group id is ours
-
-
-def keep(pgid: int) -> None:
-    """Tell the group keeper that process group ``pgid`` started: it kills it if this process dies.
-    ``sweep`` tells it the group is gone."""
-    _tell_keeper("+", pgid)
-
-
-# -- The group keeper's client ------------------------------------------------------
-_KEEPER: Optional[subprocess.Popen] = None
-_KEEPER_OWNER: Optional[int] = None
-_KEEPER_LOCK = threading.Lock()
-_KEPT: Set[int] = set()  # groups told to the keeper and not yet swept
-_KEPT_OWNER: Optional[int] = None  # the process that started them
-
-
-def keeper_pid() -> Optional[int]:
-    """The pid of this process's group keeper (``group_keeper.py``), if one runs."""
-    if _KEEPER is not None and _KEEPER_OWNER == os.getpid() and _KEEPER.poll() is None:
-        return _KEEPER.pid
-    return None
-
-
-def _tell_keeper(sign: str, pgid: int) -> None:
-    """Tell the group keeper that group ``pgid`` started (``"+"``) or was swept (``"-"``).
-
-    Starts the keeper (again) if need be; a new one is told every group still listed.
-    Without a keeper (it cannot be started) launches work as before: the ranks still
-    die with this process, only what they started may outlive it.
-    """
-    global _KEEPER, _KEEPER_OWNER, _KEPT_OWNER
-    with _KEEPER_LOCK:
-        if _KEPT_OWNER != os.getpid():  # we are a fork: the groups listed are our parent's
-            _KEPT.clear()
-            _KEPT_OWNER = os.getpid()
-        (_KEPT.add if sign == "+" else _KEPT.discard)(pgid)
-        line = f"{sign}{pgid}\n"
-        for _ in range(2):
-            if keeper_pid() is None:  # none yet, it died, or we are a fork of its owner
-                try:
-                    _KEEPER = subprocess.Popen([sys.executable, "-I", "-S", KEEPER_SCRIPT],
-                                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                               stderr=subprocess.DEVNULL, start_new_session=True)
-                except OSError:
-                    _KEEPER = None
-                    return
-                _KEEPER_OWNER = os.getpid()
-                line = "".join(f"+{g}\n" for g in sorted(_KEPT))  # every listed group, this one included
-            try:
-                _KEEPER.stdin.write(line.encode())
-                _KEEPER.stdin.flush()
-                return
-            except (OSError, ValueError):  # it died: start another, which gets every listed group
-                _KEEPER = None
-
-
-@atexit.register  # registered before the groups' own handler, so it runs after it
-def _release_keeper() -> None:
-    """At exit, after the groups were stopped: the keeper reads EOF, finds nothing left, exits."""
-    if keeper_pid() is not None:
-        try:
-            _KEEPER.stdin.close()
-            _KEEPER.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+    keeper.forget(p.pid)  # before the reap: until then the group id is ours

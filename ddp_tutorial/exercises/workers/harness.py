@@ -26,7 +26,6 @@ status, traceback and failure note under every launcher.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import traceback
 from typing import Optional
@@ -34,46 +33,28 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ddp_tutorial import envvars
 from ddp_tutorial.exercises.workers import reference
 from ddp_tutorial.exercises.workers.observers import Observations, Observers, optimizer_parameters
+from ddp_tutorial.launcher import keeper
 from ddp_tutorial.rank import bootstrap
-from ddp_tutorial import envvars
 from ddp_tutorial.runfolder import report
 
 #: Exercises whose checks compare the final parameters with one process's.
 NEEDS_REFERENCE = ("no_sync", "capstone")
 # This module runs the script for the rank: the script's traceback starts below its frames.
 globals()[bootstrap.RUNS_THE_SCRIPT] = True
-KEEPER_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                             "group_keeper.py")
 
 
 def keep_own_group_under_torchrun() -> None:
-    """Under torchrun: have a group keeper kill this rank's process group when the rank dies.
+    """Under torchrun: a group keeper kills this rank's process group once the rank is gone.
 
     torchrun starts each rank in a session of its own, out of reach of the kernel's
     keeper (which has torchrun's group): a killed kernel takes torchrun and, by the
-    bootstrap's parent-death signal, the ranks, but not what a rank started. This
-    keeper reads EOF when this process (the pipe's only holder) is gone, however it
-    ended, and kills what is left of the group: as ``launch`` sweeps a rank's group.
+    bootstrap's parent-death signal, the ranks, but not what a rank started.
     """
-    if "RANK" not in os.environ or envvars.LAUNCHER_PID in os.environ or os.getpgid(0) != os.getpid():
-        return  # launch's rank (the kernel's keeper has its group), or a plain process
-    read, write = os.pipe()  # not inherited by what the script starts (PEP 446)
-    try:
-        _KEEPER.append(subprocess.Popen([sys.executable, "-I", "-S", KEEPER_SCRIPT], stdin=read,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        start_new_session=True))
-        os.write(write, f"+{os.getpid()}\n".encode())
-    except OSError:  # the ranks still die with torchrun; only what they started may outlive it
-        os.close(write)
-        return
-    finally:
-        os.close(read)
-    os.register_at_fork(after_in_child=lambda: os.close(write))  # nor by a forked worker
-
-
-_KEEPER = []  # its pipe's write end stays open until this process ends
+    if "RANK" in os.environ and envvars.LAUNCHER_PID not in os.environ:  # not launch's rank, not plain
+        keeper.keep_own_group_after_exit()
 
 
 def error_record(exc: BaseException, script: str):
