@@ -30,8 +30,8 @@ if __package__ in (None, ""):  # run as a file path: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ddp_tutorial import config  # noqa: E402
-from ddp_tutorial.rank import original  # noqa: E402
 from ddp_tutorial.backend import backend_for_this_node  # noqa: E402
+from ddp_tutorial.rank import original  # noqa: E402
 from ddp_tutorial.rank.hooks import NO_HOOKS, Hooks  # noqa: E402
 from ddp_tutorial.rank.instrument import Instrument  # noqa: E402
 
