@@ -46,6 +46,8 @@ TORCHRUN_CONTRACT = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WO
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 #: How many restarts the agent allows.
 MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+#: "True": env:// joins the store its launcher hosts (torchrun's agent, or launch's rank 0) as a client.
+USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 #: "1" gives every rendezvous round a store of its own (multi-node restarts need it).
 FRESH_RDZV_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 

@@ -88,7 +88,7 @@ def rank_env(spec: LaunchSpec, rank: int, port: int, attempt: int, store: str) -
         envvars.RESTART_COUNT: str(attempt), envvars.MAX_RESTARTS: str(spec.max_restarts),
         # Rank 0's bootstrap hosts the store on a loopback socket, so env:// must not
         # start a second server (on all interfaces): every rank connects as a client.
-        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        envvars.USE_AGENT_STORE: "True",
         # ours
         envvars.RUN_DIR: str(spec.run_dir), envvars.BACKEND: spec.backend,
         envvars.LAUNCHER_PID: str(os.getpid()), envvars.STORE: store,

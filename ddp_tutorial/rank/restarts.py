@@ -53,7 +53,7 @@ def restart_safe_store(timeout_s: float) -> Optional[dist.Store]:
     Raises:
         RuntimeError: several agents, restarts allowed, and the agents' shared store.
     """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if os.environ.get(envvars.USE_AGENT_STORE) != "True":
         return None  # no shared store (one process, or torchrun with a fresh store per round)
     nodes = int(os.environ.get("GROUP_WORLD_SIZE", 1))
     if nodes > 1 and int(os.environ.get(envvars.MAX_RESTARTS, 0)) > 0:
