@@ -81,7 +81,7 @@ def wait_for_exit(p: subprocess.Popen, timeout: float) -> bool:
             return True
         except subprocess.TimeoutExpired:
             return False
-    _wait_for_pids([p.pid], timeout)
+    _wait_for_fds(_pidfds([p.pid]), timeout)
     return has_exited(p)
 
 
@@ -111,12 +111,8 @@ def kill_groups_and_wait(pids: List[int], timeout: float = KILL_WAIT_S) -> None:
     For processes that are not our children (no reaping, no group id held): a pidfd is
     opened before the signal, so a pid reused meanwhile is not hit.
     """
-    fds = []
+    fds = _pidfds(pids)  # before the signals
     for pid in pids:
-        try:
-            fds.append(os.pidfd_open(pid))
-        except (AttributeError, OSError):  # gone already, or no pidfd here: signal only
-            pass
         try:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -124,15 +120,15 @@ def kill_groups_and_wait(pids: List[int], timeout: float = KILL_WAIT_S) -> None:
     _wait_for_fds(fds, timeout)
 
 
-def _wait_for_pids(pids: List[int], timeout: float) -> None:
-    """Wait up to ``timeout`` until each of ``pids`` has exited (with pidfds, where there are)."""
+def _pidfds(pids: List[int]) -> List[int]:
+    """A pidfd for each of ``pids`` still there (none where the OS has no pidfds)."""
     fds = []
     for pid in pids:
         try:
             fds.append(os.pidfd_open(pid))
         except (AttributeError, OSError):  # gone already, or no pidfd here
             pass
-    _wait_for_fds(fds, timeout)
+    return fds
 
 
 def _wait_for_fds(fds: List[int], timeout: float) -> None:
