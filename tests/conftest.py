@@ -66,6 +66,10 @@ def pytest_sessionfinish(session, exitstatus):
     """Fail the run if any process a test started for a run folder is still alive at the end."""
     import time
 
+    if hasattr(session.config, "workerinput"):
+        # A pytest-xdist worker: its base folder lies under the controller's, which checks
+        # after every worker has finished (a worker's exit status would not fail the run).
+        return
     factory = getattr(session.config, "_tmp_path_factory", None)
     if factory is None or not os.path.isdir("/proc"):
         return
