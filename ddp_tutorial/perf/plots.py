@@ -176,5 +176,9 @@ def plot_scaling_grid(projection: Dict, bucket_mb: float = 25.0) -> plt.Figure:
     for row, alpha in zip(axes, ("fitted", "NCCL-class")):
         for ax, k in zip(row, (1, 8)):
             plot_scaling_projection(projection, alpha=alpha, bucket_mb=bucket_mb, accum_steps=k, ax=ax)
+    for ax in axes.flat[1:]:
+        ax.get_legend().remove()  # one legend: every panel draws the same jobs and bandwidths
+    for ax in axes[0]:
+        ax.set_xlabel("")
     fig.tight_layout()
     return fig
