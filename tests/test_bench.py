@@ -136,8 +136,8 @@ def test_describe_sweep_reports_a_peak_in_the_middle_and_the_fall_after_it():
 
 
 def test_describe_buckets_names_every_step_where_time_rose():
-    rows = [{"bucket_cap_mb": cap, "allreduce_calls_per_step": calls, "cpu_s": cpu / 1e3, "backward_s": wall / 1e3}
-            for cap, calls, cpu, wall in ((0.01, 26, 20.0, 16.1), (0.05, 7, 12.0, 28.1), (25.0, 1, 8.0, 11.8))]
+    rows = [{"bucket_cap_mb": cap, "allreduce_calls_per_step": n, "cpu_s": cpu / 1e3, "backward_s": wall / 1e3}
+            for cap, n, cpu, wall in ((0.01, 26, 20.0, 16.1), (0.05, 7, 12.0, 28.1), (25.0, 1, 8.0, 11.8))]
     text = measure.describe_buckets(rows, {"alpha_s": 50e-6, "bandwidth": 1e9})
     assert "CPU time fell at every step of the cap" in text
     assert "Backward's wall time did not fall at every step: 0.05 (28.10 ms) above 0.01 (16.10 ms)" in text

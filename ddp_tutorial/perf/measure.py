@@ -35,7 +35,8 @@ def allreduce_sweep(world_sizes: Sequence[int] = (2, 4), quick: bool = False, ba
 
     Returns:
         ``samples`` and ``table`` (one row per world size and size), ``fit`` (α, B, R²),
-        ``memcpy_Bps`` (the ceiling), ``memcpy_by_size`` (the copy rate at each size), ``backend``, and ``cuda_samples``/``cuda_fit`` on GPUs.
+        ``memcpy_Bps`` (the ceiling), ``memcpy_by_size`` (the copy rate at each size), ``backend``,
+        and ``cuda_samples``/``cuda_fit`` on GPUs.
     """
     samples, cuda_samples, ceilings, backends, memcpy = [], [], [], set(), []
     for world_size in world_sizes:
@@ -196,8 +197,9 @@ def describe_sweep(sweep: Dict, world_size: int = 2) -> str:
              + (" (the largest size)." if peak is last else
                 f", then {'fell' if last['busbw_GBps'] < peak['busbw_GBps'] else 'stayed'} to "
                 f"{last['busbw_GBps']:.2f} GB/s at {_size(last['bytes'])}.")]
-    lines.append(f"The fitted B is {bandwidth:.2f} GB/s: the peak is {'above' if peak['busbw_GBps'] > bandwidth else 'below'} "
-                 f"it, the largest size {'above' if last['busbw_GBps'] > bandwidth else 'below'} it.")
+    side = lambda busbw: "above" if busbw > bandwidth else "below"
+    lines.append(f"The fitted B is {bandwidth:.2f} GB/s: the peak is {side(peak['busbw_GBps'])} it, "
+                 f"the largest size {side(last['busbw_GBps'])} it.")
     model = perf.busbw(last["bytes"], perf.ring_time(last["bytes"], world_size, fit["alpha_s"], fit["bandwidth"]),
                        world_size) / perf.GB
     lines.append(f"At {_size(last['bytes'])} the ring model predicts {model:.2f} GB/s and the sweep measured "
@@ -267,11 +269,13 @@ def describe_overlap(result: Dict) -> str:
     syncs = ("ddp", "flat", "per_gradient")
     wall = {w: r[f"{w}_step_s"] for w in OVERLAP_WAYS}
     cpu = {w: r[f"{w}_cpu_s"] for w in OVERLAP_WAYS}
-    lines.append("Wall time per step (median): " + ", ".join(f"{OVERLAP_WAYS[w]} {_ms(wall[w])}" for w in OVERLAP_WAYS) + ".")
+    lines.append("Wall time per step (median): "
+                 + ", ".join(f"{OVERLAP_WAYS[w]} {_ms(wall[w])}" for w in OVERLAP_WAYS) + ".")
     fastest = min(syncs, key=wall.get)
     lines.append(f"Fastest way to sync here: {OVERLAP_WAYS[fastest]}. DDP "
-                 + (f"beat one flat all-reduce ({wall['flat'] / wall['ddp']:.2f}x faster)." if wall["ddp"] < wall["flat"]
-                    else f"lost to one flat all-reduce ({wall['ddp'] / wall['flat']:.2f}x slower)."))
+                 + (f"beat one flat all-reduce ({wall['flat'] / wall['ddp']:.2f}x faster)."
+                    if wall["ddp"] < wall["flat"] else
+                    f"lost to one flat all-reduce ({wall['ddp'] / wall['flat']:.2f}x slower)."))
     lines.append(f"CPU time per step, every thread of the rank: " + ", ".join(
         f"{OVERLAP_WAYS[w]} {_ms(cpu[w])}" + ("" if w == "none" else f" ({(cpu[w] - cpu['none']) * 1e3:+.2f} ms)")
         for w in OVERLAP_WAYS) + f". DDP's {r['allreduces']} all-reduces cost "
