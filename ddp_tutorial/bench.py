@@ -79,7 +79,7 @@ def save(results: Dict, out: str) -> None:
         "bucket_sweep.png": lambda: perf_plots.plot_bucket_sweep(results["ddp"]["buckets"]),
         "overlap.png": lambda: perf_plots.plot_overlap(results["ddp"]["overlap"]),
         "accumulation.png": lambda: perf_plots.plot_accumulation(results["accumulation"]),
-        "scaling_projection.png": lambda: perf_plots.plot_scaling_projection(results["projection"]),
+        "scaling_projection.png": lambda: perf_plots.plot_scaling_grid(results["projection"]).axes[0],
         "scaling_projection_nccl_alpha.png":
             lambda: perf_plots.plot_scaling_projection(results["projection"], alpha="NCCL-class"),
     }

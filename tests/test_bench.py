@@ -90,6 +90,111 @@ def test_accumulation_ratios_are_relative_to_k1_of_the_same_straggler_setting():
     assert [r["ideal"] for r in ratios] == pytest.approx([1, 0.5, 0.25] * 2)
 
 
+
+# -- What notebook 07 prints about each measurement: the direction comes from the numbers -------------
+def overlap_result(ddp_ms, flat_ms, *, cpu_ms=(12.0, 9.0, 30.0, 8.0), ranks=2, cores=2):
+    ways = dict(zip(("ddp", "flat", "per_gradient", "none"), cpu_ms))
+    wall = {"ddp": ddp_ms, "flat": flat_ms, "per_gradient": 40.0, "none": 5.0}
+    result = {f"{w}_step_s": wall[w] / 1e3 for w in wall}
+    result.update({f"{w}_cpu_s": c / 1e3 for w, c in ways.items()})
+    result.update({"ddp_backward_s": 6e-3, "none_backward_s": 2e-3, "bucket_cap_mb": 0.05, "allreduces": 7,
+                   "launched_before_last_gradient": 6, "avg_backward_compute_comm_overlap_time_s": 2e-3,
+                   "avg_backward_comm_time_s": 5e-3, "ranks": ranks, "cores": cores})
+    return result
+
+
+def test_describe_overlap_says_who_won_from_the_numbers():
+    lost = measure.describe_overlap(overlap_result(7.68, 4.31))
+    assert "bucket_cap_mb=0.05: 7 all-reduces per step, 6 of them launched before backward" in lost
+    assert "DDP lost to one flat all-reduce (1.78x slower)" in lost and "beat" not in lost
+    assert "Fastest way to sync here: one flat all-reduce after backward" in lost
+    assert "the same order" in lost and "cost more CPU time than one flat one" in lost
+    assert "(+4.00 ms)" in lost  # DDP's CPU time over no communication, in ms
+    assert "compute alone can fill every core" in lost
+    won = measure.describe_overlap(overlap_result(4.0, 6.0, cpu_ms=(8.5, 9.0, 30.0, 8.0), cores=8))
+    assert "DDP beat one flat all-reduce (1.50x faster)" in won and "lost" not in won
+    assert "cost less CPU time" in won and "cores to spare" in won
+    mixed = measure.describe_overlap(overlap_result(4.0, 6.0))  # more CPU, yet faster: the prediction fails
+    assert "a different order" in mixed
+
+
+def sweep_result(busbw_by_size, copy_by_size, bandwidth_GBps=1.0):
+    table = [{"world_size": 2, "bytes": n, "busbw_GBps": b} for n, b in busbw_by_size.items()]
+    return {"table": table, "fit": {"alpha_s": 50e-6, "bandwidth": bandwidth_GBps * perf.GB},
+            "memcpy_by_size": [{"bytes": n, "Bps": c * perf.GB} for n, c in copy_by_size.items()]}
+
+
+def test_describe_sweep_reports_a_peak_in_the_middle_and_the_fall_after_it():
+    text = measure.describe_sweep(sweep_result({perf.KB: 0.01, perf.MB: 2.13, 64 * perf.MB: 0.96},
+                                               {perf.KB: 1.0, perf.MB: 20.0, 64 * perf.MB: 5.0}, 1.86))
+    assert "peak, 2.13 GB/s at 1 MiB, then fell to 0.96 GB/s at 64 MiB" in text
+    assert "the peak is above it, the largest size below it" in text
+    assert "lies below the model's line" in text and "the copy slowed down with size too" in text
+    flat = measure.describe_sweep(sweep_result({perf.KB: 0.01, perf.MB: 0.5, 64 * perf.MB: 0.9},
+                                               {perf.KB: 1.0, perf.MB: 5.0, 64 * perf.MB: 5.0}, 0.8))
+    assert "0.90 GB/s at 64 MiB (the largest size)" in flat and "fell" not in flat and "slowed" not in flat
+
+
+def test_describe_buckets_names_every_step_where_time_rose():
+    rows = [{"bucket_cap_mb": cap, "allreduce_calls_per_step": n, "cpu_s": cpu / 1e3, "backward_s": wall / 1e3}
+            for cap, n, cpu, wall in ((0.01, 26, 20.0, 16.1), (0.05, 7, 12.0, 28.1), (25.0, 1, 8.0, 11.8))]
+    text = measure.describe_buckets(rows, {"alpha_s": 50e-6, "bandwidth": 1e9})
+    assert "CPU time fell at every step of the cap" in text
+    assert "Backward's wall time did not fall at every step: 0.05 (28.10 ms) above 0.01 (16.10 ms)" in text
+    assert "25 extra all-reduces at 2.50 ms of latency" in text
+
+
+def test_describe_accumulation_says_when_the_time_rose_against_the_bytes():
+    rows = [{"accum_steps": k, "straggler_ms": 0.0, "comm_per_sample_vs_k1": t, "bytes_per_sample_vs_k1": 1 / k,
+             "ideal": 1 / k, "transfer_s_per_optimizer_step": 1e-3, "wait_s_per_optimizer_step": 2e-3}
+            for k, t in ((1, 1.0), (2, 4.5), (4, 0.3), (8, 0.2))]
+    text = measure.describe_accumulation(rows)
+    assert "no straggler" in text and "K=8 0.125" in text and "it rose at K=2, against the bytes" in text
+    assert "the wait is larger than the transfer" in text
+    for row in rows:
+        row["comm_per_sample_vs_k1"] = row["ideal"]
+    assert "it fell at every K" in measure.describe_accumulation(rows)
+
+
+@pytest.mark.parametrize("overhead, says", [(-0.297, "30% faster; instrumentation only adds work"),
+                                            (0.02, "Within the bench's 5% target"), (0.08, "Above the bench's 5%")])
+def test_describe_overhead_comments_on_every_ratio(overhead, says):
+    text = measure.describe_overhead({"overhead": overhead, "steps": 30})
+    assert f"{1 + overhead:.3f}" in text and says in text
+
+
+def test_describe_projection_prints_the_alpha_it_used():
+    sweep = {"fit": {"alpha_s": 47e-6}}
+    lab = {"model_bytes": 407376, "compute": {"s_per_sample": 2e-4, "batch_size": 32}}
+    text = measure.describe_projection(measure.projection(sweep, lab))
+    assert text.startswith("alpha fitted here: 47 us per message, 5x the NCCL-class 10 us.")
+    assert "K=8 against K=1: efficiency higher in every case" in text
+
+
+def test_the_lab_figures_start_at_zero_and_name_real_settings():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from ddp_tutorial.perf import plots
+
+    rows = [{"bucket_cap_mb": c, "allreduce_calls_per_step": n, "cpu_s": 0.02, "backward_s": 0.03, "steps": 16}
+            for c, n in ((0.001, 26), (25.0, 1))]
+    ax = plots.plot_bucket_sweep(rows)
+    assert ax.get_ylim()[0] == 0 and "bigger buckets" not in ax.get_title()
+    ax = plots.plot_overlap(overlap_result(7.68, 4.31))
+    assert all(a.get_xlim()[0] == 0 for a in ax.figure.axes)
+    acc = measure.accumulation_ratios([{"accum_steps": k, "straggler_ms": 0.0, "transfer_s_per_sample": 1e-3 / k,
+                                        "allreduced_bytes_per_sample": 400.0 / k} for k in (1, 2, 4, 8)])
+    labels = plots.plot_accumulation(acc).get_legend_handles_labels()[1]
+    assert not any("up to 0 ms" in label for label in labels) and any("no straggler" in label for label in labels)
+    proj = measure.projection({"fit": {"alpha_s": 47e-6}},
+                              {"model_bytes": 407376, "compute": {"s_per_sample": 2e-4, "batch_size": 32}})
+    fig = plots.plot_scaling_grid(proj)
+    titles = [a.get_title() for a in fig.axes]
+    assert sum("K = 8" in t for t in titles) == 2 and sum("K = 1" in t for t in titles) == 2
+    assert not fig.texts, "no footnote under the figure: the notebook prints the assumptions"
+    matplotlib.pyplot.close("all")
+
 # -- The bench, end to end, quick ------------------------------------------------
 @pytest.fixture(scope="module")
 def quick_bench(tmp_path_factory):

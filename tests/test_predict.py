@@ -16,11 +16,12 @@ from ddp_tutorial.exercises import predict
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 #: Per question, text that gives the answer away: no cell before the question may hold it.
 GIVEAWAYS = {"01-all-reduce": ["= 10"], "03-set-epoch": ["train.start_epoch", "sampler_demo"],
-             "04-allreduces": ["train.micro_step", 'diff("forward-outside-no-sync")']}
+             "04-allreduces": ["train.micro_step", 'diff("forward-outside-no-sync")'],
+             "07-buckets": ["ddp_lab(", "7 all-reduces"]}
 #: A value each question's measurement could give.
 MEASURED = {"01-all-reduce": 10.0, "01-wrong-world-size": [0, 1], "02-default-buckets": 2,
             "03-set-epoch": True, "03-padding": 2, "04-allreduces": 8, "05-dead-peer": (0.05, 60.0),
-            "10-zero-state": 16384 / 18696}
+            "07-buckets": 7, "10-zero-state": 16384 / 18696}
 
 
 def test_every_question_asks_and_reveals_from_a_measurement(capsys):
@@ -35,6 +36,15 @@ def test_every_question_asks_and_reveals_from_a_measurement(capsys):
         assert predict.reveal(qid, wrong, value).correct is False
     out = capsys.readouterr().out
     assert "✓ you predicted" in out and "✗ you predicted" in out and "no prediction given" in out
+
+
+def test_07_buckets_the_count_a_novice_gives_is_judged_wrong_and_told_why(capsys):
+    for novice in (8, 26, 52, 1, "8"):  # size over cap, one per layer, one per tensor, one bucket
+        assert predict.reveal("07-buckets", novice, 7).correct is False
+        out = capsys.readouterr().out
+        assert out.startswith(f"✗ you predicted {novice!r}; measured: 7") and "closes it at" in out
+    assert predict.reveal("07-buckets", 7, 7).correct is True and predict.reveal("07-buckets", "7", 7).correct
+    assert predict.reveal("07-buckets", 7, 8).correct is False  # the measurement decides, not a constant
 
 
 def test_the_answer_follows_the_measurement_not_a_constant():

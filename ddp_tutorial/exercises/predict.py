@@ -138,6 +138,20 @@ QUESTIONS["10-zero-state"] = Question(
             "the other three to rank 1. FSDP2 cuts every tensor instead, and each rank holds exactly half.")
 
 
+# Notebook 07: how many buckets a small cap makes.
+QUESTIONS["07-buckets"] = Question(
+    "07", "my_count", "The lab's model has 26 layers: Linear(10, 64), 24 x Linear(64, 64), Linear(64, 20), "
+          "407 KB of float32 gradients (each hidden layer 16.6 KB). Wrapped as DDP(model, bucket_cap_mb=0.05), "
+          "0.05 MiB = 52.4 KB per bucket: how many all-reduces does each step make, once DDP has rebuilt its "
+          "buckets after the first iteration?",
+    answer=lambda measured: measured,
+    explain="DDP fills a bucket with gradients in the order backward produces them and closes it at the "
+            "first tensor that takes it to the cap or past it, so a bucket holds more than the cap: the "
+            "output layer and 3 hidden layers (55 KB), then 4 hidden layers (67 KB) at a time, and the rest: "
+            "7 all-reduces, not 407 / 52.4 = 8 (that would need buckets of exactly the cap), nor 26 (one "
+            "per layer) or 52 (one per tensor).")
+
+
 def _question(qid: str) -> Question:
     if qid not in QUESTIONS:
         raise ValueError(f"no question {qid!r}; the questions are {sorted(QUESTIONS)}")

@@ -14,7 +14,7 @@ from ddp_tutorial.plots.training import new_axes
 
 
 def plot_allreduce_sweep(sweep: Dict, ax: Optional[plt.Axes] = None) -> plt.Axes:
-    """Bus bandwidth against all-reduce size (log-log): measured points, the fitted ring model, memcpy.
+    """Bus bandwidth against all-reduce size (log-log): measured points, the fitted ring model, a plain copy.
 
     Args:
         sweep: the result of ``bench.allreduce_sweep``.
@@ -29,7 +29,12 @@ def plot_allreduce_sweep(sweep: Dict, ax: Optional[plt.Axes] = None) -> plt.Axes
         model = [perf.busbw(n, perf.ring_time(n, world_size, fit["alpha_s"], fit["bandwidth"]), world_size)
                  / perf.GB for n in sizes]
         ax.plot(sizes, model, "-", color=line.get_color(), alpha=0.7, label=f"ring model, {world_size} ranks")
-    ax.axhline(sweep["memcpy_Bps"] / perf.GB, color="black", ls="--", label="memcpy (ceiling)")
+    copies = sweep.get("memcpy_by_size")
+    if copies:
+        ax.plot([m["bytes"] for m in copies], [m["Bps"] / perf.GB for m in copies], "k--",
+                label="a plain copy of the same size")
+    else:
+        ax.axhline(sweep["memcpy_Bps"] / perf.GB, color="black", ls="--", label="memcpy (ceiling)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("all-reduce size (bytes)")
@@ -41,67 +46,93 @@ def plot_allreduce_sweep(sweep: Dict, ax: Optional[plt.Axes] = None) -> plt.Axes
 
 
 def plot_bucket_sweep(rows: Sequence[Dict], ax: Optional[plt.Axes] = None) -> plt.Axes:
-    """Backward time and all-reduce calls per step against ``bucket_cap_mb``.
+    """Backward's wall time, CPU time per step and all-reduce calls per step against ``bucket_cap_mb``.
+
+    Both axes start at 0, so the heights compare as magnitudes.
 
     Args:
         rows: ``bench.ddp_lab(...)["buckets"]``.
         ax: axes to draw on (new figure if None).
     """
     ax = new_axes(ax, figsize=(7, 3.5))
+    rows = sorted(rows, key=lambda r: r["bucket_cap_mb"])
     caps = [r["bucket_cap_mb"] for r in rows]
-    ax.plot(caps, [r["backward_s"] * 1e3 for r in rows], "o-", color="#dd4444", label="backward time")
+    ax.plot(caps, [r["backward_s"] * 1e3 for r in rows], "o-", color="#dd4444", label="backward, wall time")
+    ax.plot(caps, [r["cpu_s"] * 1e3 for r in rows], "^-", color="#8c564b", label="CPU time per step (all threads)")
     ax.set_xscale("log")
+    ax.set_ylim(0, None)
     ax.set_xlabel("bucket_cap_mb")
-    ax.set_ylabel("backward (ms)")
+    ax.set_ylabel("ms per step (median)")
     calls = ax.twinx()
     calls.plot(caps, [r["allreduce_calls_per_step"] for r in rows], "s--", color="#4c72b0",
                label="all-reduce calls / step")
+    calls.set_ylim(0, None)
     calls.set_ylabel("all-reduce calls per step")
     handles = ax.get_legend_handles_labels()[0] + calls.get_legend_handles_labels()[0]
     ax.legend(handles, [h.get_label() for h in handles], fontsize=8)
-    ax.set_title("bigger buckets: fewer all-reduces, less latency paid")
+    ax.set_title(f"bucket_cap_mb against time and all-reduces ({rows[0].get('steps', '?')} steps per cap)")
     return ax
 
 
-def plot_overlap(result: Dict, ax: Optional[plt.Axes] = None) -> plt.Axes:
-    """Iteration time of DDP, a per-gradient all-reduce after backward, and one flat all-reduce.
+def plot_overlap(result: Dict, ax: Optional[Sequence[plt.Axes]] = None) -> plt.Axes:
+    """Wall time and CPU time per step for DDP, two ways to sync after backward, and no sync at all.
 
     Args:
         result: ``bench.ddp_lab(...)["overlap"]``.
-        ax: axes to draw on (new figure if None).
+        ax: two axes to draw on, wall then CPU (a new figure if None).
+
+    Returns:
+        The wall-time axes (its figure holds both).
     """
-    ax = new_axes(ax, figsize=(6, 3))
-    names = ["DDP (buckets, overlapped)", "all-reduce each gradient\nafter backward",
-             "one flat all-reduce\nafter backward"]
-    values = [result[k] * 1e3 for k in ("ddp_step_s", "per_gradient_step_s", "flat_step_s")]
-    bars = ax.barh(names, values, color=["#4c72b0", "#dd4444", "#55a868"], label="iteration time")
-    ax.bar_label(bars, fmt="%.2f ms", fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("iteration time (ms, median)")
-    ax.set_title(f"DDP's logger: {result['avg_backward_compute_comm_overlap_time_s'] * 1e3:.2f} ms of comm "
-                 f"overlapped with backward")
-    ax.legend(fontsize=8, loc="lower right")
-    return ax
+    from ddp_tutorial.perf.measure import OVERLAP_WAYS
+
+    if ax is None:
+        _, ax = plt.subplots(1, 2, figsize=(11, 3.2), sharey=True)
+    wall_ax, cpu_ax = ax
+    ways = list(OVERLAP_WAYS)
+    names = [OVERLAP_WAYS[w].replace(" after", "\nafter") for w in ways]
+    colors = ["#4c72b0", "#55a868", "#dd4444", "#999999"]
+    wall = wall_ax.barh(names, [result[f"{w}_step_s"] * 1e3 for w in ways], color=colors)
+    wall_ax.bar_label(wall, fmt="%.2f ms", fontsize=8)
+    wall_ax.invert_yaxis()
+    wall_ax.set_xlabel("wall time per step (ms, median)")
+    wall_ax.set_title("wall time")
+    compute = result["none_cpu_s"] * 1e3
+    cpu_ax.barh(names, [compute] * len(ways), color="#bbbbbb", label="no communication's CPU time")
+    extra = cpu_ax.barh(names, [result[f"{w}_cpu_s"] * 1e3 - compute for w in ways], left=[compute] * len(ways),
+                        color=colors, label="more CPU time than that")
+    cpu_ax.bar_label(extra, labels=[f"{result[f'{w}_cpu_s'] * 1e3:.2f} ms" for w in ways], fontsize=8)
+    cpu_ax.set_xlabel("CPU time per step, every thread of the rank (ms, median)")
+    cpu_ax.set_title("CPU time")
+    cpu_ax.legend(fontsize=8, loc="lower right")
+    for a in ax:
+        a.set_xlim(0, a.get_xlim()[1] * 1.25)  # room for the labels
+    return wall_ax
 
 
 def plot_accumulation(rows: Sequence[Dict], ax: Optional[plt.Axes] = None) -> plt.Axes:
-    """All-reduce transfer time per sample relative to K=1, against K, with the ideal 1/K.
+    """Bytes and transfer time per sample relative to K=1, against K, with 1/K.
 
     Args:
         rows: ``bench.accumulation_ratios(...)``.
         ax: axes to draw on (new figure if None).
     """
     ax = new_axes(ax, figsize=(6, 3.5))
+    ks = sorted({r["accum_steps"] for r in rows})
+    ax.plot(ks, [1 / k for k in ks], "k--", label="1/K")
+    first = [r for r in rows if r["straggler_ms"] == min(x["straggler_ms"] for x in rows)]
+    first.sort(key=lambda r: r["accum_steps"])
+    ax.plot([r["accum_steps"] for r in first], [r["bytes_per_sample_vs_k1"] for r in first], "s", ms=9,
+            mfc="none", color="black", label="bytes all-reduced per sample (counted)")
     for straggler_ms in sorted({r["straggler_ms"] for r in rows}):
         sel = sorted((r for r in rows if r["straggler_ms"] == straggler_ms), key=lambda r: r["accum_steps"])
+        setting = "no straggler" if not straggler_ms else f"random 0-{straggler_ms:g} ms straggler sleeps"
         ax.plot([r["accum_steps"] for r in sel], [r["comm_per_sample_vs_k1"] for r in sel], "o-",
-                label=f"measured, straggler up to {straggler_ms:g} ms")
-    ks = sorted({r["accum_steps"] for r in rows})
-    ax.plot(ks, [1 / k for k in ks], "k--", label="ideal 1/K")
+                label=f"transfer time per sample (measured), {setting}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.set_xlabel("K (accumulation steps per optimizer step)")
-    ax.set_ylabel("transfer time per sample / K=1")
+    ax.set_ylabel("per sample / K=1")
     ax.set_title("no_sync: one all-reduce per K micro-batches")
     ax.legend(fontsize=8)
     return ax
@@ -109,7 +140,7 @@ def plot_accumulation(rows: Sequence[Dict], ax: Optional[plt.Axes] = None) -> pl
 
 def plot_scaling_projection(projection: Dict, alpha: str = "fitted", bucket_mb: float = 25.0,
                             accum_steps: int = 1, ax: Optional[plt.Axes] = None) -> plt.Axes:
-    """Projected scaling efficiency against workers, per job and link bandwidth; assumptions below.
+    """Projected scaling efficiency against workers, per job and link bandwidth (assumptions: ``projection``).
 
     Args:
         projection: ``bench.projection(...)``.
@@ -133,9 +164,21 @@ def plot_scaling_projection(projection: Dict, alpha: str = "fitted", bucket_mb: 
     ax.set_ylim(0, 1.08)
     ax.set_xlabel("workers")
     ax.set_ylabel("scaling efficiency (1 = linear)")
-    ax.set_title(f"projection: alpha = {projection['alphas'][alpha] * 1e6:.0f} us ({alpha}), bucket {bucket_mb:g} MB, "
-                 f"K = {accum_steps}")
-    ax.legend(fontsize=7, loc="lower left")
-    notes = "Assumptions:\n" + "\n".join(f"- {a}" for a in projection["assumptions"])
-    ax.figure.text(0.01, -0.02, notes, fontsize=7, va="top", wrap=True)
+    ax.set_title(f"alpha = {projection['alphas'][alpha] * 1e6:.0f} us ({alpha}), bucket {bucket_mb:g} MB, "
+                 f"K = {accum_steps}", fontsize=10)
+    ax.legend(fontsize=8, loc="lower left")
     return ax
+
+
+def plot_scaling_grid(projection: Dict, bucket_mb: float = 25.0) -> plt.Figure:
+    """``plot_scaling_projection`` for both α (rows) and K = 1 and 8 (columns): every curve the table lists."""
+    fig, axes = plt.subplots(2, 2, figsize=(14, 8), sharex=True, sharey=True)
+    for row, alpha in zip(axes, ("fitted", "NCCL-class")):
+        for ax, k in zip(row, (1, 8)):
+            plot_scaling_projection(projection, alpha=alpha, bucket_mb=bucket_mb, accum_steps=k, ax=ax)
+    for ax in axes.flat[1:]:
+        ax.get_legend().remove()  # one legend: every panel draws the same jobs and bandwidths
+    for ax in axes[0]:
+        ax.set_xlabel("")
+    fig.tight_layout()
+    return fig

@@ -10,7 +10,8 @@ makes its peer wait), and a call that nobody disturbed is the one the cost model
 describes. A whole-loop minimum is not robust enough here: one 40-call loop rarely
 escapes every interruption on a busy 2-core machine. ``median_seconds`` is the median
 call. Rank 0 reports ``sweep`` (one dict per size), ``memcpy_Bps`` (the bandwidth
-ceiling of one copy), and on CUDA ``cuda_sweep`` timed with CUDA events on the GPU's own clock.
+ceiling of one copy of the largest size), ``memcpy_by_size`` (the copy rate at every
+size), and on CUDA ``cuda_sweep`` timed with CUDA events on the GPU's own clock.
 """
 
 import argparse
@@ -98,8 +99,11 @@ def main() -> None:
                 gpu_s = min(cuda_event_round(tensor, iters) for _ in range(rounds))
                 cuda_sweep.append({"world_size": env.world_size, "bytes": nbytes, "seconds": gpu_s})
         if env.rank == 0:
-            ceiling = memcpy_bandwidth(max(sizes), env.device)
-            report({"sweep": sweep, "cuda_sweep": cuda_sweep, "memcpy_Bps": ceiling,
+            # The copy rate at every size: bytes that fit in the caches copy faster than bytes
+            # that must go through main memory, and the all-reduce's copies feel the same.
+            memcpy = [{"bytes": n, "Bps": memcpy_bandwidth(n, env.device)} for n in sizes]
+            report({"sweep": sweep, "cuda_sweep": cuda_sweep, "memcpy_Bps": memcpy[-1]["Bps"],
+                    "memcpy_by_size": memcpy,
                     "backend": env.backend, "device": str(env.device), "world_size": env.world_size})
             print(f"{env.backend} all-reduce sweep, {env.world_size} ranks: {len(sizes)} sizes, "
                   f"{sweep[0]['seconds'] * 1e3:.2f} ms at {sizes[0]} B, "

@@ -8,10 +8,11 @@ uses to show why gradients are bucketed. Sections (each reported by rank 0 with
 ``runfolder.report`` under its own key):
 
 - ``compute``: forward+backward+optimizer seconds per sample, one rank, no communication.
-- ``buckets``: a sweep of ``bucket_cap_mb``: all-reduce calls per step, backward time.
+- ``buckets``: a sweep of ``bucket_cap_mb``: all-reduce calls per step, backward time, CPU time.
 - ``overlap``: DDP vs a hand-written all-reduce per gradient after backward vs one
-  flat all-reduce after backward; iteration times and DDP's own overlap counter.
-- ``accumulation``: K = 1, 2, 4, 8 with and without stragglers, through ``train.train_epoch``.
+  flat all-reduce after backward vs no communication; wall and CPU time per step,
+  DDP's own overlap counter, and how many all-reduces start before backward ends.
+- ``accumulation``: K = 1, 2, 4, 8 through ``train.train_epoch`` (the full run adds stragglers).
 - ``overhead``: ``train.train_epoch`` with the kit's hooks (``instrument.Instrument``:
   ``SyncTimer`` and a JSON line per step) vs without, taking turns step by step.
 - ``fidelity``: ``SyncTimer``'s sync time vs DDP's logger ``avg_backward_comm_time``.
@@ -28,6 +29,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_tutorial.rank.hooks import NO_HOOKS
@@ -116,28 +118,41 @@ def batches(env, batch_size: int, count: int, seed: int = 0):
              torch.randn(batch_size, 20, generator=g).to(env.device)) for _ in range(count)]
 
 
-def timed_steps(model, data, after_backward=None):
-    """Per-step seconds (forward, backward, sync, SGD step) and backward seconds, median of each."""
+def timed_steps(model, data, after_backward=None) -> dict:
+    """One step per micro-batch (forward, backward, sync, SGD step); the median of each measure.
+
+    Returns:
+        ``step_s``, ``backward_s`` (under DDP: until its last all-reduce is done), ``sync_s``
+        (``after_backward``, 0 without), ``cpu_s`` (CPU seconds of the whole process per step:
+        every thread, gloo's included) and ``main_cpu_s`` (CPU seconds of this thread alone).
+    """
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.MSELoss()
     device = data[0][0].device
-    step_s, backward_s = [], []
+    rows = []
     dist.barrier()
     for x, y in data:
-        t0 = time.perf_counter()
+        t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
         loss = loss_fn(model(x), y)
         t1 = time.perf_counter()
         loss.backward()  # under DDP this returns after the last bucket's all-reduce
-        if after_backward is not None:
-            after_backward(model)
         sync_device(device)
         t2 = time.perf_counter()
+        if after_backward is not None:
+            after_backward(model)
+            sync_device(device)
+        t3 = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         sync_device(device)
-        step_s.append(time.perf_counter() - t0)
-        backward_s.append(t2 - t1)
-    return statistics.median(step_s), statistics.median(backward_s)
+        rows.append({"step_s": time.perf_counter() - t0, "backward_s": t2 - t1, "sync_s": t3 - t2,
+                     "cpu_s": time.process_time() - c0, "main_cpu_s": time.thread_time() - m0})
+    return medians(rows)
+
+
+def medians(rows) -> dict:
+    """The median of each key over a list of dicts of numbers."""
+    return {key: statistics.median(r[key] for r in rows) for key in rows[0]}
 
 
 # -- Sections -----------------------------------------------------------------
@@ -146,25 +161,32 @@ def measure_compute(base, env, batch_size: int, steps: int) -> dict:
     model = copy.deepcopy(base).to(env.device)
     data = batches(env, batch_size, steps + 2)
     timed_steps(model, data[:2])  # warm-up
-    step_s, backward_s = timed_steps(model, data[2:])
-    return {"step_s": step_s, "backward_s": backward_s, "s_per_sample": step_s / batch_size,
-            "batch_size": batch_size}
+    timed = timed_steps(model, data[2:])
+    return {"step_s": timed["step_s"], "backward_s": timed["backward_s"],
+            "s_per_sample": timed["step_s"] / batch_size, "batch_size": batch_size}
 
 
-def measure_buckets(base, env, caps_mb, batch_size: int, steps: int) -> list:
-    """For each ``bucket_cap_mb``: all-reduce calls per step (SyncTimer counts them), backward time."""
-    rows = []
-    data = batches(env, batch_size, steps + 2, seed=1)
+def measure_buckets(base, env, caps_mb, batch_size: int, steps: int, rounds: int) -> list:
+    """For each ``bucket_cap_mb``: all-reduce calls per step (SyncTimer counts them), backward time.
+
+    The caps take turns round by round on the same data, so a slow spell of a shared
+    machine hits them alike; each time is the median over ``rounds * steps`` steps.
+    """
+    data = batches(env, batch_size, steps, seed=1)
+    models = {}
     for cap in caps_mb:
         model = DDP(copy.deepcopy(base).to(env.device), bucket_cap_mb=cap)
         timer = SyncTimer()
         model.register_comm_hook(timer, SyncTimer.hook)
         timed_steps(model, data[:2])  # DDP rebuilds its buckets after the first step
         timer.start_step()
-        step_s, backward_s = timed_steps(model, data[2:])
-        rows.append({"bucket_cap_mb": cap, "allreduce_calls_per_step": timer.calls / steps,
-                     "backward_s": backward_s, "step_s": step_s})
-    return rows
+        models[cap] = (model, timer)
+    per_round = {cap: [] for cap in caps_mb}
+    for _ in range(rounds):
+        for cap, (model, _) in models.items():
+            per_round[cap].append(timed_steps(model, data))
+    return [{"bucket_cap_mb": cap, "allreduce_calls_per_step": timer.calls / (rounds * steps),
+             "steps": rounds * steps, **medians(per_round[cap])} for cap, (_, timer) in models.items()]
 
 
 def allreduce_each_gradient(model) -> None:
@@ -187,25 +209,70 @@ def allreduce_flat(model) -> None:
         offset += g.numel()
 
 
+class LaunchRecorder:
+    """A comm hook state: DDP's default all-reduce, and the time each bucket's all-reduce was launched."""
+
+    def __init__(self):
+        self.launches = []
+
+    @staticmethod
+    def hook(state: "LaunchRecorder", bucket):
+        state.launches.append(time.perf_counter())
+        return default_hooks.allreduce_hook(None, bucket)
+
+
+def launches_during_backward(base, env, bucket_cap_mb: float, batch_size: int, steps: int = 3) -> dict:
+    """How many of DDP's all-reduces start before backward has computed its last gradient.
+
+    Backward computes the first layer's gradients last; a tensor hook on its weight
+    marks that moment, and a comm hook marks each all-reduce's launch. Counted on the
+    last of ``steps`` steps (DDP rebuilds its buckets after the first one).
+    """
+    model = DDP(copy.deepcopy(base).to(env.device), bucket_cap_mb=bucket_cap_mb)
+    recorder = LaunchRecorder()
+    model.register_comm_hook(recorder, LaunchRecorder.hook)
+    first_weight = next(model.module.parameters())
+    last_gradient = []
+    first_weight.register_hook(lambda grad: last_gradient.append(time.perf_counter()))
+    for x, y in batches(env, batch_size, steps, seed=3):
+        recorder.launches.clear()
+        last_gradient.clear()
+        nn.functional.mse_loss(model(x), y).backward()
+    return {"allreduces": len(recorder.launches),
+            "launched_before_last_gradient": sum(t < last_gradient[0] for t in recorder.launches)}
+
+
 def measure_overlap(base, env, bucket_cap_mb: float, batch_size: int, steps: int, rounds: int) -> dict:
-    """The three ways to sync the same gradients, interleaved round by round on the same data."""
+    """DDP against syncing after backward by hand, and no sync at all, interleaved round by round.
+
+    Four ways on the same data: DDP (``bucket_cap_mb``: several buckets, overlapped with
+    backward), an all-reduce per gradient after backward, one flat all-reduce after
+    backward, and no communication (the compute alone). Besides wall time, each step's
+    CPU time: the whole process's (gloo's threads included) and the main thread's.
+    """
     data = batches(env, batch_size, steps, seed=2)
     ddp = DDP(copy.deepcopy(base).to(env.device), bucket_cap_mb=bucket_cap_mb)
     plain = copy.deepcopy(base).to(env.device)
     ways = {"ddp": (ddp, None), "per_gradient": (plain, allreduce_each_gradient),
-            "flat": (plain, allreduce_flat)}
-    times = {name: [] for name in ways}
+            "flat": (plain, allreduce_flat), "none": (plain, None)}
+    per_round = {name: [] for name in ways}
     for model, after in ways.values():
         timed_steps(model, data[:2], after)  # warm-up (and DDP's bucket rebuild)
     for _ in range(rounds):
         for name, (model, after) in ways.items():
-            times[name].append(timed_steps(model, data, after)[0])
+            per_round[name].append(timed_steps(model, data, after))
     logging = ddp._get_ddp_logging_data()
-    result = {f"{name}_step_s": statistics.median(t) for name, t in times.items()}
+    result = {}
+    for name, rows in per_round.items():
+        for key, value in medians(rows).items():
+            result[f"{name}_{key}"] = value
     for key in ("avg_backward_compute_comm_overlap_time", "avg_backward_comm_time",
                 "avg_backward_compute_time"):
         result[key + "_s"] = logging.get(key, 0) / 1e9
     result["bucket_cap_mb"] = bucket_cap_mb
+    result.update(launches_during_backward(base, env, bucket_cap_mb, batch_size))
+    result["cores"] = os.cpu_count()
+    result["ranks"] = env.world_size
     return result
 
 
@@ -322,13 +389,13 @@ def main() -> None:
         if "compute" in args.sections:
             results["compute"] = measure_compute(base, env, 32, steps)
         if "buckets" in args.sections:
-            caps = [0.001, 0.01, 0.05, 25.0] if quick else [0.0005, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 25.0]
-            results["buckets"] = measure_buckets(base, env, caps, 32, steps)
+            caps = [0.001, 0.02, 0.05, 25.0] if quick else [0.0005, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 25.0]
+            results["buckets"] = measure_buckets(base, env, caps, 32, steps, 2 if quick else 5)
         if "overlap" in args.sections:
             results["overlap"] = measure_overlap(base, env, 0.05, 32, steps, 2 if quick else 5)
         if "accumulation" in args.sections:
             results["accumulation"] = measure_accumulation(
-                base, env, [1, 2, 4, 8], [0.0, 2.0] if quick else [0.0, 5.0], 16, 6 if quick else 12)
+                base, env, [1, 2, 4, 8], [0.0] if quick else [0.0, 5.0], 16, 6 if quick else 12)
         if "overhead" in args.sections:
             results["overhead"] = measure_overhead(base, env, 16, 5 if quick else 10, 6 if quick else 30,
                                                    rank_run_dir("runs/manual"))
