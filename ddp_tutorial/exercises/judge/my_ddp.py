@@ -89,7 +89,8 @@ def _train_issue(run: HarnessRun, trains: Dict[int, List[dict]], hooked: Tuple[i
     w = run.world_size
     if any(s["changed_after_launch"] for s in steps):
         return ("a gradient changed in place after its all-reduce was launched (before its handle was waited for): "
-                "the all-reduce reads and writes that tensor on another thread. Divide before the launch, or after the wait")
+                "the all-reduce reads and writes that tensor on another thread. Divide before the launch, "
+                "or after the wait")
     if any(s["not_waited"] for s in steps):
         return ("stepping before the handles are waited for: finish_gradient_synchronization() returned with "
                 "all-reduces launched with async_op=True whose handle was never waited for. Call handle.wait() on each")
@@ -126,8 +127,8 @@ def same_as_ddp(runs: List[HarnessRun]) -> Criterion:
             built = [recs[-1] for recs in _records(run, "construct").values() if recs]
             hooked = (min(b["hooked_params"] for b in built), min(b["hooks_registered"] for b in built))
             issue = _train_issue(run, trains, hooked)
-            return Criterion(SAME, False, f"W = {run.world_size}: the parameters differ from DDP's by up to {diff:.3g}"
-                             + (f": {issue}" if issue else ""))
+            detail = f"W = {run.world_size}: the parameters differ from DDP's by up to {diff:.3g}"
+            return Criterion(SAME, False, detail + (f": {issue}" if issue else ""))
         worst = max(worst, diff)
     return Criterion(SAME, True, f"max difference {worst:.2g} at W = 2 and 4, with 1, 2 and 3 buckets")
 

@@ -53,7 +53,8 @@ class ToyModel(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.fc1, self.fc2, self.fc3, self.out = nn.Linear(10, 16), nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 5)
+        self.fc1, self.fc2 = nn.Linear(10, 16), nn.Linear(16, 16)
+        self.fc3, self.out = nn.Linear(16, 16), nn.Linear(16, 5)
         self.fc3.weight = self.fc2.weight
         self.fc2.bias.requires_grad_(False)
         self.fixed = nn.Parameter(torch.randn(16), requires_grad=False)
@@ -150,6 +151,10 @@ def grad_ratio(mine, ddp) -> float:
     return statistics.median(ratios) if ratios else float("nan")
 
 
+def sgd(model):
+    return torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
+
+
 def grads(model):
     return [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
 
@@ -174,7 +179,8 @@ def case_construct(MyDDP, watch, rank):
         watch.case = None
     hooked = sum(bool(getattr(p, "_post_accumulate_grad_hooks", None)) for p in model.parameters())
     report({"event": "construct", "after": digest(model.parameters()), "rank0": digest(toy(0).parameters()),
-            "broadcasts": watch.broadcasts, "hooked_params": hooked, "hooks_registered": len(registered), "module_kept": getattr(wrapped, "module", None) is model})
+            "broadcasts": watch.broadcasts, "hooked_params": hooked, "hooks_registered": len(registered),
+            "module_kept": getattr(wrapped, "module", None) is model})
 
 
 def case_train(MyDDP, watch, rank, world_size, n):
@@ -185,7 +191,7 @@ def case_train(MyDDP, watch, rank, world_size, n):
     for p in model.parameters():
         if p.requires_grad:  # after the class's own hooks: the moment the last one ran
             p.register_post_accumulate_grad_hook(lambda _: ready.append(time.perf_counter()))
-    opt, ref_opt = (torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=LR) for m in (model, reference))
+    opt, ref_opt = (sgd(m) for m in (model, reference))
     steps, ratio = [], None
     for step in range(STEPS):
         x, y = rank_batch(step, rank, world_size)
@@ -216,7 +222,7 @@ def case_no_sync(MyDDP, watch, rank, world_size):
     model, reference = toy(0), DDP(toy(0))
     wrapped = MyDDP(model)
     watch.params = list(model.parameters())
-    opt, ref_opt = (torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=LR) for m in (model, reference))
+    opt, ref_opt = (sgd(m) for m in (model, reference))
     counts = []
     for micro in range(K):
         x, y = rank_batch(100 + micro, rank, world_size)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from ddp_tutorial.launcher import LaunchTimeout, launch, worker_script
 from ddp_tutorial.lessons import script_source

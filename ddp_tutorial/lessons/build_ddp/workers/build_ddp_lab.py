@@ -59,7 +59,8 @@ class ToyModel(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.fc1, self.fc2, self.fc3, self.out = nn.Linear(10, 16), nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 5)
+        self.fc1, self.fc2 = nn.Linear(10, 16), nn.Linear(16, 16)
+        self.fc3, self.out = nn.Linear(16, 16), nn.Linear(16, 5)
         self.fc3.weight = self.fc2.weight
         self.fc2.bias.requires_grad_(False)
         self.fixed = nn.Parameter(torch.randn(16), requires_grad=False)
