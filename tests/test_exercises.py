@@ -72,7 +72,7 @@ def assert_nothing_left(result, tmp_path):
 
 # -- The kernel-side API, without launching anything ---------------------------
 def test_names_and_an_unknown_name():
-    assert exercises.NAMES == ("init", "wrap", "sampler", "no_sync", "teardown", "capstone", "shard")
+    assert exercises.NAMES == ("init", "wrap", "sampler", "no_sync", "teardown", "capstone", "shard", "my_ddp")
     for call in (exercises.check, exercises.start, exercises.hint, exercises.solution):
         with pytest.raises(ValueError, match="init, wrap, sampler, no_sync, teardown, capstone"):
             call("nosync")
@@ -171,6 +171,7 @@ SKELETON_FAILS = {
     "teardown": ("destroy_process_group called", "never called destroy_process_group"),
     "capstone": ("one gradient all-reduce", "built no DDP model"),
     "shard": ("Adam's state is sharded", "every rank holds Adam's whole state"),
+    "my_ddp": ("parameters after", "no hook and no all-reduce"),
 }
 
 

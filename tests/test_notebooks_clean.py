@@ -13,7 +13,8 @@ def test_the_ladder_is_there():
     assert names == ["00_overview.ipynb", "01_init_process_group.ipynb", "02_ddp_wrap.ipynb",
                      "03_distributed_sampler.ipynb", "04_no_sync_accumulation.ipynb", "05_teardown.ipynb",
                      "06_capstone_port_a_script.ipynb", "07_performance_lab.ipynb",
-                     "08_beyond_one_machine.ipynb", "09_pitfalls.ipynb", "10_beyond_ddp_sharding.ipynb"]
+                     "08_beyond_one_machine.ipynb", "09_pitfalls.ipynb", "10_beyond_ddp_sharding.ipynb",
+                     "11_build_your_own_ddp.ipynb"]
 
 
 def test_every_notebook_ends_with_a_recap_and_a_link_to_the_next():

@@ -21,7 +21,7 @@ GIVEAWAYS = {"01-all-reduce": ["= 10"], "03-set-epoch": ["train.start_epoch", "s
 #: A value each question's measurement could give.
 MEASURED = {"01-all-reduce": 10.0, "01-wrong-world-size": [0, 1], "02-default-buckets": 2,
             "03-set-epoch": True, "03-padding": 2, "04-allreduces": 8, "05-dead-peer": (0.05, 60.0),
-            "07-buckets": 7, "10-zero-state": 16384 / 18696}
+            "07-buckets": 7, "10-zero-state": 16384 / 18696, "11-exact-w3": (1.5e-08, 4.2e-08)}
 
 
 def test_every_question_asks_and_reveals_from_a_measurement(capsys):
@@ -53,6 +53,9 @@ def test_the_answer_follows_the_measurement_not_a_constant():
     assert predict.reveal("01-all-reduce", "10", 10.0).correct is True
     assert predict.reveal("10-zero-state", "b", 16384 / 18696).correct is True
     assert predict.reveal("10-zero-state", "b", 0.5).correct is False  # had ZeRO cut every tensor in two, as FSDP2 does
+    assert predict.reveal("11-exact-w3", "b", (1.5e-08, 4.2e-08)).correct is True
+    assert predict.reveal("11-exact-w3", "b", (0.0, 4.2e-08)).correct is False  # had the run been bit-identical
+    assert predict.QUESTIONS["11-exact-w3"].answer((1e-3, 4.2e-08)) == "c"
     with pytest.raises(ValueError, match="no question"):
         predict.ask("99-nothing")
 

@@ -33,9 +33,10 @@ from typing import List, Tuple
 
 from ddp_tutorial import envvars
 from ddp_tutorial.exercises import judge, runs, settings, shard
+from ddp_tutorial.exercises.judge import my_ddp
 from ddp_tutorial.exercises.predict import Printed, ask, reveal
 
-NAMES = ("init", "wrap", "sampler", "no_sync", "teardown", "capstone", "shard")
+NAMES = ("init", "wrap", "sampler", "no_sync", "teardown", "capstone", "shard", "my_ddp")
 PACKAGE_DIR = Path(__file__).resolve().parent
 SKELETONS_DIR = PACKAGE_DIR / "skeletons"
 #: The reference solutions: ``check("no_sync", SOLUTIONS_DIR / "no_sync.py")`` passes.
@@ -84,6 +85,7 @@ HINTS = {
         "torch.save(model.state_dict()) of the model inside DDP, only where rank == 0; drop the DDP "
         "model (= None) before destroy_process_group()."),
     "shard": shard.HINT,
+    "my_ddp": my_ddp.HINT,
 }
 
 
@@ -229,6 +231,13 @@ def _run_and_judge(name: str, script: Path, timeout: float, echo: str, folder: P
         plain, torchrun = (runs.finish(process, deadline, timeout) for process in started)
         harness_runs += [launched, plain, torchrun]
         return judge.judge_capstone(launched, plain, torchrun)
+    if name == "my_ddp":  # the class, at W = 2 and then W = 4 (not after a hang: it would hang again)
+        for world_size in my_ddp.WORLD_SIZES:
+            harness_runs.append(runs.run_launch(name, script, folder / f"w{world_size}", timeout, world_size,
+                                                echo=echo, harness=my_ddp.HARNESS))
+            if harness_runs[-1].timed_out:
+                break
+        return my_ddp.judge_my_ddp(harness_runs)
     harness = shard.HARNESS if name == "shard" else runs.HARNESS
     result = runs.run_launch(name, script, folder / "run", timeout, WORLD_SIZE, echo=echo, harness=harness)
     harness_runs.append(result)
@@ -241,7 +250,8 @@ JUDGES = {"init": judge.judge_init, "wrap": judge.judge_wrap, "sampler": judge.j
 
 def _result(name: str, script: Path, criteria: List[judge.Criterion], pids: List[int],
             seconds: float) -> CheckResult:
-    lines = [f"exercise {name!r}: {script}, on {WORLD_SIZE} ranks ({seconds:.1f} s)"]
+    ranks = " and ".join(map(str, my_ddp.WORLD_SIZES)) if name == "my_ddp" else WORLD_SIZE
+    lines = [f"exercise {name!r}: {script}, on {ranks} ranks ({seconds:.1f} s)"]
     for criterion in criteria:
         if criterion.passed:
             lines.append(f"  ✓ {criterion.name}: {criterion.detail}")

@@ -152,6 +152,23 @@ QUESTIONS["07-buckets"] = Question(
             "per layer) or 52 (one per tensor).")
 
 
+# Notebook 11: a hand-made DDP against torch's, at a world size that does not divide exactly.
+def _exact_w3_choice(measured: Tuple[float, float]) -> str:
+    """(largest difference from torch's DDP, DDP's own float32 rounding against float64) -> letter."""
+    difference, rounding = measured
+    return "a" if difference == 0 else "b" if difference <= rounding else "c"
+
+
+QUESTIONS["11-exact-w3"] = Question(
+    "11", "my_choice", "3 ranks train the same model on the same batches for 5 SGD steps, once with your NaiveDDP "
+          "(all_reduce each gradient, then divide by 3) and once with torch's DDP. Are the final parameters equal?",
+    choices={"a": "yes, to the bit", "b": "no, but they differ by no more than float32's own rounding",
+             "c": "no, they differ by much more: one of them is wrong"},
+    answer=_exact_w3_choice,
+    explain="DDP divides each gradient by 3 before its all-reduce, NaiveDDP divides the sum after; 1/3 is not "
+            "exact in binary, and the sums run in another order, so the last bits differ. With 2 ranks they "
+            "are bit-identical: a sum of two numbers has one order, and halving is exact.")
+
 def _question(qid: str) -> Question:
     if qid not in QUESTIONS:
         raise ValueError(f"no question {qid!r}; the questions are {sorted(QUESTIONS)}")

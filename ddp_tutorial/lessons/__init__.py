@@ -11,6 +11,7 @@ its lesson starts on the ranks with ``launch``.
     lessons/beyond_one_machine/           notebook 08: uneven inputs with Join, the GPU check
     lessons/pitfalls/         notebook 09: the pitfalls lab
     lessons/sharding/         notebook 10: memory, ZeRO-1, FSDP2, compressed gradients
+    lessons/build_ddp/        notebook 11: DDP built by hand, measured against torch's
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def error_line(err) -> Optional[str]:
 
 
 def script_source(path: str, name: str) -> str:
-    """The source of function ``name`` in the script file ``path``, read, not imported.
+    """The source of function (or class) ``name`` in the script file ``path``, read, not imported.
 
     Importing a lesson script would import torch (and run its top-level code) in
     the notebook kernel; reading it costs nothing.
@@ -90,7 +91,7 @@ def script_source(path: str, name: str) -> str:
     with open(path, encoding="utf-8") as f:
         text = f.read()
     for node in ast.walk(ast.parse(text)):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
             return ast.get_source_segment(text, node)
     raise ValueError(f"no function {name!r} in {path}")
 

@@ -17,3 +17,4 @@ from ddp_tutorial.plots.init_wrap import plot_allreduces_vs_bucket_cap, plot_ini
 from ddp_tutorial.plots.beyond_one_machine import plot_restart_loss  # noqa: F401
 from ddp_tutorial.plots.pitfalls import plot_batchnorm_stats, plot_clipping_drift, plot_eval_error, plot_lr_curves, plot_unused_cost  # noqa: F401,E501
 from ddp_tutorial.plots.sharding import plot_comm_per_step, plot_compressed_loss, plot_memory_per_rank  # noqa: F401
+from ddp_tutorial.plots.build_ddp import plot_overlap_timeline, plot_side_by_side  # noqa: F401

@@ -1,0 +1,167 @@
+"""DistributedDataParallel built by hand, one idea at a time (rank code; notebook 11 shows each class).
+
+Every version wraps a module, starts every rank from rank 0's weights, and
+after ``loss.backward()`` needs one call, ``finish_gradient_synchronization()``,
+before ``optimizer.step()``; then every rank holds the gradient averaged over
+the group. They differ in how and when they all-reduce:
+
+    NaiveDDP        one blocking all_reduce per gradient, after backward
+    FlatDDP         one blocking all_reduce of every gradient in one flat tensor, after backward
+    OverlapDDP      one async all_reduce per gradient, launched by a hook the moment it is ready
+    BucketDDP       gradients grouped into buckets (reverse registration order, up to a cap);
+                    a bucket's async all_reduce starts when its last gradient arrives
+
+``SimulatedGpuKernel`` is a layer whose backward waits without using the CPU,
+the way a CPU thread waits for a GPU kernel: it makes overlap visible on a
+2-core machine where compute and gloo's threads would otherwise share the cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def broadcast_from_rank0(module, group=None):
+    """Every rank starts from rank 0's parameters and buffers (in place, one broadcast per tensor)."""
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor, src=0, group=group)  # src is a global rank: 0 is in every group here
+
+
+class NaiveDDP(torch.nn.Module):
+    """After backward: one blocking all_reduce per gradient, then divide by W."""
+
+    def __init__(self, module, group=None):
+        super().__init__()
+        self.module, self.group = module, group
+        broadcast_from_rank0(module, group)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def finish_gradient_synchronization(self):
+        world_size = dist.get_world_size(self.group)
+        for p in self.module.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad, group=self.group)  # SUM over the ranks, in place
+                p.grad.div_(world_size)
+
+
+class FlatDDP(NaiveDDP):
+    """After backward: every gradient copied into one flat tensor (in reverse registration order, as
+    DDP lays out its buckets), one all_reduce, then divide by W and copy back."""
+
+    def finish_gradient_synchronization(self):
+        grads = [p.grad for p in reversed(list(self.module.parameters())) if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.group)
+        flat.div_(dist.get_world_size(self.group))
+        for g, reduced in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(reduced.view_as(g))
+
+
+class OverlapDDP(NaiveDDP):
+    """A hook per parameter launches an async all_reduce the moment its gradient is accumulated."""
+
+    def __init__(self, module, group=None):
+        super().__init__(module, group)
+        self.handles, self.sync = [], True
+        for p in module.parameters():  # a tied parameter is listed once: one hook, one gradient
+            if p.requires_grad:  # a frozen parameter gets no gradient, so no hook
+                p.register_post_accumulate_grad_hook(self._launch)
+
+    def _launch(self, p):
+        if self.sync:
+            p.grad.div_(dist.get_world_size(self.group))  # before the launch: never touch it after
+            self.handles.append(dist.all_reduce(p.grad, group=self.group, async_op=True))
+
+    def finish_gradient_synchronization(self):
+        for handle in self.handles:
+            handle.wait()  # the optimizer must not read a gradient still being reduced
+        self.handles.clear()
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Gradients accumulate locally; the next backward outside it all-reduces their sum once."""
+        self.sync = False
+        try:
+            yield
+        finally:
+            self.sync = True
+
+
+class BucketDDP(OverlapDDP):
+    """Gradients in buckets of at most ``bucket_cap_mb``, in reverse registration order (the order
+    backward usually produces them); a bucket is all-reduced, flat, once its last gradient is in."""
+
+    def __init__(self, module, bucket_cap_mb=25.0, group=None):
+        NaiveDDP.__init__(self, module, group)
+        self.sync = True
+        cap = bucket_cap_mb * 2**20
+        self.buckets, size = [[]], 0
+        for p in reversed([p for p in module.parameters() if p.requires_grad]):
+            nbytes = p.numel() * p.element_size()
+            if self.buckets[-1] and size + nbytes > cap:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += nbytes
+        self.bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self._new_step()
+        for p in self.bucket_of:
+            p.register_post_accumulate_grad_hook(self._arrive)
+
+    def _new_step(self):
+        self.arrived = [0] * len(self.buckets)
+        # One future per bucket, completed with its reduced flat tensor once its all-reduce is done.
+        self.reduced = [torch.futures.Future() for _ in self.buckets]
+
+    def _arrive(self, p):
+        if not self.sync:
+            return
+        i = self.bucket_of[p]
+        self.arrived[i] += 1
+        if self.arrived[i] == len(self.buckets[i]):  # the bucket's last gradient: launch it
+            flat = torch.cat([q.grad.reshape(-1) for q in self.buckets[i]])
+            flat.div_(dist.get_world_size(self.group))
+            work = dist.all_reduce(flat, group=self.group, async_op=True)
+            done = self.reduced[i]
+            work.get_future().then(lambda _: done.set_result(flat))
+
+    def finish_gradient_synchronization(self):
+        # Every bucket must be reduced before the step. A bucket whose gradient never came was
+        # never launched: waiting for it waits for ever (DDP's find_unused_parameters=True
+        # marks such parameters ready instead).
+        for bucket, reduced in zip(self.buckets, self.reduced):
+            flat = reduced.wait()
+            for p, part in zip(bucket, flat.split([q.numel() for q in bucket])):
+                p.grad.copy_(part.view_as(p.grad))
+        self._new_step()
+
+
+class _WaitLikeAGpu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.seconds)  # the simulated GPU kernel: time passes, no CPU is used
+        return grad, None
+
+
+class SimulatedGpuKernel(torch.nn.Module):
+    """Identity forward; its backward takes ``ms`` without using the CPU, like a CPU waiting for a
+    GPU kernel. The only sleep in the lab, and it is the simulated kernel, not synchronisation."""
+
+    def __init__(self, ms):
+        super().__init__()
+        self.seconds = ms / 1000
+
+    def forward(self, x):
+        return _WaitLikeAGpu.apply(x, self.seconds)

@@ -1,0 +1,66 @@
+"""Figures of lesson 11: a step's timeline per rank, and the side-by-side comparison of the versions."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import matplotlib.pyplot as plt
+
+from ddp_tutorial.plots.training import finish_axes, new_axes
+
+
+def plot_overlap_timeline(timelines: Dict[str, Dict[int, dict]], ax: Optional[plt.Axes] = None,
+                          title: Optional[str] = None) -> plt.Axes:
+    """One row per (version, rank): backward (grey), each gradient ready (black tick), each all-reduce from
+    launch to completion (red), the wait after backward (orange), in ms from the step's forward start.
+
+    Args:
+        timelines: version -> ``lessons.build_ddp.timeline(run, version)``.
+        ax: axes to draw on (new figure if None).
+        title: the title.
+    """
+    rows = [(version, rank, t) for version, ranks in timelines.items() for rank, t in sorted(ranks.items())]
+    ax = new_axes(ax, figsize=(9, 0.45 * len(rows) + 1.2))
+    labelled = set()
+
+    def label(name):
+        if name in labelled:
+            return None
+        labelled.add(name)
+        return name
+
+    for y, (version, rank, t) in enumerate(rows):
+        start, end = t["backward"]
+        ax.broken_barh([(start, end - start)], (y - 0.4, 0.8), color="#bbbbbb",
+                       label=label("backward (its layers wait like GPU kernels)"))
+        ax.broken_barh([(end, t["synced"] - end)], (y - 0.4, 0.8), color="#f0a030",
+                       label=label("after the last gradient, until synced (exposed)"))
+        for a, b in t["all_reduces"]:
+            ax.broken_barh([(a, max(b - a, 0.05))], (y - 0.25, 0.5), color="#dd4444", alpha=0.6,
+                           label=label("all-reduce, launch to completion"))
+        ax.plot(t["ready"], [y] * len(t["ready"]), "|", color="black", markersize=10, label=label("gradient ready"))
+    ax.set_yticks(range(len(rows)), [f"{version}, rank {rank}" for version, rank, _ in rows], fontsize="small")
+    ax.invert_yaxis()
+    return finish_axes(ax, "ms since the step's forward started (each rank's own clock)", "version and rank",
+                       title or "One training step: when gradients are ready and when they are all-reduced",
+                       loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=2)
+
+
+def plot_side_by_side(summary: Dict[str, dict], ax: Optional[plt.Axes] = None,
+                      title: Optional[str] = None) -> plt.Axes:
+    """Per version and torch's DDP: communication hidden under backward and exposed after it (median ms).
+
+    Args:
+        summary: ``lessons.build_ddp.overlap_summary(run)``.
+        ax: axes to draw on (new figure if None).
+        title: the title.
+    """
+    ax = new_axes(ax, figsize=(8, 3.2))
+    names = list(summary)
+    xs = range(len(names))
+    ax.bar(xs, [summary[n]["hidden_ms"] for n in names], color="#55a868", label="all-reduce time hidden under backward")
+    ax.bar(xs, [summary[n]["exposed_ms"] for n in names], bottom=[summary[n]["hidden_ms"] for n in names],
+           color="#f0a030", label="exposed: waited for after the last gradient")
+    ax.set_xticks(list(xs), names)
+    return finish_axes(ax, "version", "ms per step (median)",
+                       title or "Communication per step: hidden under backward, or exposed")

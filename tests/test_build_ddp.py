@@ -1,0 +1,81 @@
+"""Lesson 11 (build DDP yourself): the kernel-side arithmetic, and the lab's claims on 2 real ranks.
+
+The notebook runs the 4-rank lab (W = 2, 3, 4) and the hang; this file launches the lab once on 2 ranks
+(module-scoped) and checks what must hold there, so a regression shows up outside nbmake too.
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+from ddp_tutorial.exercises import predict
+from ddp_tutorial.lessons import build_ddp as lessons
+from ddp_tutorial.lessons import script_source
+
+
+def test_the_kernel_side_imports_no_torch():
+    code = "import sys; from ddp_tutorial.lessons import build_ddp; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_busy_is_the_length_of_the_union_of_intervals():
+    assert lessons.busy([]) == 0.0
+    assert lessons.busy([(0, 1), (2, 3)]) == 2
+    assert lessons.busy([(0, 2), (1, 3), (1.5, 2.5)]) == 3  # concurrent all-reduces count once
+    assert lessons.busy([(0, 4), (1, 2)]) == 4
+    assert lessons.busy([(3, 1)]) == 0.0  # an interval clipped to nothing
+
+
+def test_a_step_splits_into_hidden_and_exposed_communication():
+    # backward 0-10 ms, gradients ready at 2, 6, 10; all-reduces 3-5 and 7-12; synced at 12
+    step = {"forward": -1.0, "backward": 0.0, "ready": [0.002, 0.006, 0.010], "synced": 0.012, "step_end": 0.013,
+            "all_reduces": [(0.003, 0.005, 100), (0.007, 0.012, 100)]}
+    n = lessons._step_numbers(step)
+    assert n["hidden_ms"] == pytest.approx(5.0) and n["exposed_ms"] == pytest.approx(2.0)
+    assert n["launched_before_backward_end"] == 2 and n["window_ms"] == pytest.approx(7.0) and n["bytes"] == 200
+
+
+def test_show_reads_classes_from_the_versions_script():
+    source = script_source(lessons.VERSIONS_SCRIPT, "OverlapDDP")
+    assert source.startswith("class OverlapDDP") and "register_post_accumulate_grad_hook" in source
+    with pytest.raises(ValueError, match="no function"):
+        script_source(lessons.VERSIONS_SCRIPT, "NoSuchDDP")
+
+
+def test_the_w3_question_reads_the_measurement():
+    q = predict.QUESTIONS["11-exact-w3"]
+    assert [q.answer(m) for m in ((0.0, 4e-8), (1.5e-8, 4e-8), (1e-4, 4e-8))] == ["a", "b", "c"]
+
+
+@pytest.fixture(scope="module")
+def lab():
+    return lessons.run_lab(world_size=2, steps=3)
+
+
+def test_every_version_broadcasts_and_equals_ddp_to_the_bit_on_two_ranks(lab):
+    for version, row in lessons.construction(lab).items():
+        assert row["ranks_differed_before"] and row["all_equal_rank0_after"], version
+    exact = lessons.exactness(lab)
+    assert list(exact) == [2]
+    assert all(cell["bit_identical"] for cell in exact[2]["versions"].values()), exact
+    assert exact[2]["ranks_agree"]
+
+
+def test_all_reduces_per_step_and_buckets(lab):
+    per_step = lessons.allreduces_per_step(lab, world_size=2)
+    assert {v: r["all_reduces"] for v, r in per_step.items()} == {"naive": 6, "flat": 1, "overlap": 6,
+                                                                   "bucket": 2, "ddp": 1}
+    assert [r["all_reduces"] for r in lessons.buckets(lab, world_size=2).values()] == [1, 2, 3]
+
+
+def test_hooks_launch_during_backward_and_no_sync_skips_them(lab):
+    summary = lessons.overlap_summary(lab)
+    assert summary["naive"]["launched_before_backward_end"] == 0
+    assert summary["overlap"]["launched_before_backward_end"] >= 1 and summary["overlap"]["hidden_ms"] > 0
+    assert all(s["same_as_ddp"] for s in summary.values())
+    cases = lessons.cases(lab)
+    assert cases["no_sync"]["overlap"]["all_reduces"] == [0, 0, 0, 6]
+    assert cases["no_sync"]["bucket"]["all_reduces"] == [0, 0, 0, 2]
+    assert all(row["max_diff"] == 0 for row in cases["no_sync"].values())
