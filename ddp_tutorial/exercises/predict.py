@@ -169,6 +169,7 @@ QUESTIONS["11-exact-w3"] = Question(
             "exact in binary, and the sums run in another order, so the last bits differ. With 2 ranks they "
             "are bit-identical: a sum of two numbers has one order, and halving is exact.")
 
+
 def _question(qid: str) -> Question:
     if qid not in QUESTIONS:
         raise ValueError(f"no question {qid!r}; the questions are {sorted(QUESTIONS)}")
