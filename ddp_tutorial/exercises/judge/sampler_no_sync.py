@@ -45,11 +45,21 @@ def shards(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
         everyone = [i for its in iterations.values() for i in its[epoch]["indices"]]
         overlap, missing = len(everyone) - len(set(everyone)), size - len(set(everyone))
         if overlap or missing:
-            how = ", ".join(f"rank {r}: num_replicas={its[epoch]['num_replicas']}, rank={its[epoch]['rank']}"
-                            for r, its in iterations.items())
+            found = f"in epoch {epoch}, {overlap} indices went to more than one rank and {missing} of {size} to none"
+            at = {r: its[epoch] for r, its in iterations.items()}
+            placed = {(it["num_replicas"], it["rank"]) for it in at.values()}
+            if placed == {(run.world_size, r) for r in run.ranks}:  # world size and ranks right: the orders differ
+                for key, advice in (("seed", "give every rank the same seed (or leave seed= out)"),
+                                    ("shuffle", "give every rank the same shuffle=")):
+                    if len({it[key] for it in at.values()}) > 1:
+                        given = ", ".join(f"rank {r}: {key}={it[key]}" for r, it in at.items())
+                        return Criterion(SHARDS, False, (
+                            f"{found} ({given}): each rank takes every W-th index of one permutation drawn from "
+                            f"seed + epoch, so the ranks must draw the same one: {advice}"))
+                return Criterion(SHARDS, False, f"{found}, with num_replicas and rank right on every rank")
+            how = ", ".join(f"rank {r}: num_replicas={it['num_replicas']}, rank={it['rank']}" for r, it in at.items())
             return Criterion(SHARDS, False, (
-                f"in epoch {epoch}, {overlap} indices went to more than one rank and {missing} of {size} to "
-                f"none ({how}): let DistributedSampler read the world size and rank from the process group"))
+                f"{found} ({how}): let DistributedSampler read the world size and rank from the process group"))
     return Criterion(SHARDS, True, f"{size} samples, {len(iterations[0][0]['indices'])} per rank per epoch")
 
 
