@@ -196,11 +196,14 @@ MISTAKE_RESULTS = {
 def same_as_one_process(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     """Final parameters on every rank equal the one-process reference rank 0 computed."""
     rank0 = finals[0]
-    if "references" not in rank0:
-        return not_measured(SAME_AS_ONE_PROCESS, run, "rank 0 computed no reference")
+    if "references" not in rank0:  # computed after rank 0's script, and only where that script succeeded
+        why = ("rank 0's script failed, so it computed no reference (see the first criterion)" if rank0.get("error")
+               else "rank 0 was stopped before it computed the reference (see the first criterion)"
+               if not run.finished else "rank 0 computed no reference")
+        return not_measured(SAME_AS_ONE_PROCESS, run, why)
     mine, refs = rank0["final_params"], rank0["references"]
     if mine is None:
-        return Criterion(SAME_AS_ONE_PROCESS, False, "no optimizer stepped: there are no trained parameters")
+        return absent(SAME_AS_ONE_PROCESS, run, "no optimizer stepped: there are no trained parameters")
     d = max_difference(mine, refs["correct"])
     others = {r: max_difference(mine, f["final_params"]) for r, f in finals.items()}
     ranks_agree = all(o <= TOLERANCE for o in others.values())
