@@ -261,7 +261,8 @@ def whole_checkpoint(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     before_save = [c for c in consolidated[0] if c["after_steps"] <= last["after_steps"]]
     if last["after_steps"] < steps_made:
         return Criterion(CHECKPOINT, False, (
-            f"rank 0 saved its last checkpoint after {last['after_steps']} of its {plural(steps_made, 'optimizer step')}: "
+            f"rank 0 saved its last checkpoint after {last['after_steps']} of its "
+            f"{plural(steps_made, 'optimizer step')}: "
             "save after training, so that the checkpoint holds the state training left"))
     if before_save and before_save[-1]["after_steps"] < steps_made:
         counts = [str(c["after_steps"]) for c in before_save]
@@ -277,7 +278,8 @@ def whole_checkpoint(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
         why = why_no_state(finals)
         local = {f["local_optimizer"] for f in finals.values()}
         if not why and not local <= ADAMS:
-            why = f"{', '.join(sorted(local))} keeps no per-parameter state here (Adam does: see the criterion on sharding)"
+            why = (f"{', '.join(sorted(local))} keeps no per-parameter state here (Adam does: see the criterion "
+                   "on sharding)")
         return Criterion(CHECKPOINT, False, f"the saved optimizer state is empty (0 of {n_params} parameters)"
                          + (f": {why}" if why else ""))
     if held is not None and set(saved_steps) < set(held) and not consolidated[0]:

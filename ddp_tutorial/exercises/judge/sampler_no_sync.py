@@ -217,9 +217,24 @@ def same_as_one_process(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     for mistake, why in MISTAKE_RESULTS.items():
         if max_difference(mine, refs.get(mistake)) <= TOLERANCE:
             return Criterion(SAME_AS_ONE_PROCESS, False, f"{detail}: {why}")
+    wiped = gradients_wiped_mid_window(rank0)
+    if wiped:
+        return Criterion(SAME_AS_ONE_PROCESS, False, f"{detail}: {wiped}")
     if not ranks_agree:
         detail += f"; the ranks also differ from each other: {why_not_averaged(finals)}"
     return Criterion(SAME_AS_ONE_PROCESS, False, detail)
+
+
+def gradients_wiped_mid_window(final: dict) -> Optional[str]:
+    """Where zero_grad() ran between two micro-batches of one window, wiping what the window accumulated."""
+    boundaries = {0, *final.get("forwards_at_step", [])}
+    inside = sorted({n for n in final.get("zero_grad_at", []) if n not in boundaries})
+    if not inside:
+        return None
+    return (f"zero_grad() ran after forwards {inside[:8]}{' ...' if len(inside) > 8 else ''}, inside a window "
+            f"(the optimizer stepped after forwards {final['forwards_at_step'][:8]}"
+            f"{' ...' if len(final['forwards_at_step']) > 8 else ''}): it wiped the gradients the window's "
+            "earlier micro-batches had accumulated. Zero the gradients only right after each optimizer step")
 
 
 def judge_no_sync(run: HarnessRun) -> List[Criterion]:

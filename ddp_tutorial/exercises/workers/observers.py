@@ -75,6 +75,7 @@ class Observations:
         self.forwards_at_step = []  # ddp_forwards when each optimizer step ran: where the windows end
         self.last_optimizer = None
         self.params_with_grad = 0  # the most of the stepped optimizer's parameters that had a .grad at a step
+        self.zero_grad_at = []  # ddp_forwards when each zero_grad() ran (an optimizer's or a module's)
         self.sampler_iterations = []
         self.loader_iterations = []
         self.saves = []
@@ -92,7 +93,8 @@ class Observations:
         return None
 
     def optimizer_trains_ddp_model(self):
-        """Whether the last stepped optimizer's parameters are those of a module DDP wraps (None: no step, or no DDP)."""
+        """Whether the last stepped optimizer's parameters are those of a module DDP wraps
+        (None: no step, or no DDP)."""
         if self.last_optimizer is None or not self.ddp_modules:
             return None
         wrapped = {id(p) for module in self.ddp_modules for p in module.parameters()}
@@ -102,6 +104,7 @@ class Observations:
         return {
             "optimizer_trains_ddp_model": self.optimizer_trains_ddp_model(),
             "params_with_grad": self.params_with_grad,
+            "zero_grad_at": self.zero_grad_at,
             "ddp_wraps": self.ddp_wraps,
             "bucket_allreduces": self.bucket_allreduces,
             "buckets": len(self.bucket_indices),
@@ -236,6 +239,9 @@ class Observers:
 
         self.patch(torch.utils.data.DataLoader, "__iter__", observed_loader_iter)
 
+        for owner in (torch.optim.Optimizer, torch.nn.Module):
+            self.patch(owner, "zero_grad", self._observed_zero_grad(owner.zero_grad))
+
         save = torch.save
 
         def observed_save(obj, f, *args, **kwargs):
@@ -245,6 +251,14 @@ class Observers:
 
         self.patch(torch, "save", observed_save)
         self.patch(torch.serialization, "save", observed_save)
+
+    def _observed_zero_grad(self, zero_grad):
+        seen = self.seen
+
+        def observed(obj, *args, **kwargs):
+            seen.zero_grad_at.append(seen.ddp_forwards)
+            return zero_grad(obj, *args, **kwargs)
+        return observed
 
     def _observe_process_group(self):
         seen, launcher = self.seen, self.launcher

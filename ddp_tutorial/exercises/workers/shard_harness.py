@@ -213,7 +213,8 @@ def final_record(seen: ZeroObservers) -> dict:
     local = optimizer_state(opt)
     return {"event": "shard_final", "optimizer": type(opt).__name__,
             # None: a ZeRO with overlap_with_ddp=True builds its local optimizer only in DDP's hook
-            "local_optimizer": None if local is opt and isinstance(opt, ZeroRedundancyOptimizer) else type(local).__name__,
+            "local_optimizer": (None if local is opt and isinstance(opt, ZeroRedundancyOptimizer)
+                                else type(local).__name__),
             "lr": opt.param_groups[0]["lr"] if opt.param_groups else None,
             "state_bytes": nbytes(state_tensors(opt)) if hasattr(local, "state") else 0,
             "optimizer_steps": seen.steps, "param_tensors": len(params),
