@@ -18,6 +18,8 @@ from ddp_tutorial.exercises import judge
 from conftest import pid_alive
 
 MISTAKES = Path(__file__).resolve().parent / "exercise_mistakes"
+#: Right answers shaped otherwise than the solutions: each must pass.
+RIGHT_ANSWERS = Path(__file__).resolve().parent / "exercise_right_answers"
 #: The learner's-folder override the test configuration set (read before a fixture removes it).
 PLUGIN_FOLDER = os.environ.get(envvars.MY_WORK)
 #: Seconds one run of a script may take: generous, ranks import torch in 2-6 s on a loaded machine.
@@ -62,6 +64,15 @@ def processes_under(folder: Path):
         if state != b"Z" and any(var.startswith(needle) for var in env):
             found.append(int(entry))
     return found
+
+
+def run_records(tmp_path: Path, name: str, mode: str = "run"):
+    """Every rank's harness records of the one check of ``name`` run under ``tmp_path`` (its ``mode`` folder)."""
+    import ddp_tutorial
+
+    [folder] = (tmp_path / "runs").glob(f"*-exercise-{name}-*")
+    run = ddp_tutorial.Run(folder / mode, exercises.WORLD_SIZE)
+    return {rank: run.results(rank) for rank in range(exercises.WORLD_SIZE)}
 
 
 def assert_nothing_left(result, tmp_path):
@@ -159,6 +170,9 @@ def test_the_solution_passes(name, tmp_path):
     assert result.passed, result.message
     assert all(passed for _, passed, _ in result.criteria)
     assert result.message.count("✓") == len(result.criteria) and "✗" not in result.message
+    if name in ("no_sync", "capstone"):  # rank 0 reports what it measured before it computes the references
+        events = [r.get("event") for r in run_records(tmp_path, name, "launch" if name == "capstone" else "run")[0]]
+        assert events.index("final") < events.index("references")
     assert_nothing_left(result, tmp_path)
 
 
@@ -183,6 +197,8 @@ def test_the_untouched_skeleton_fails(name):
     criterion, words = SKELETON_FAILS[name]
     assert words in failed(result, criterion)
     assert f"exercises.hint({name!r})" in result.message
+    if name == "shard":  # the ✗ names what is missing, it does not write the answer's line
+        assert "ZeroRedundancyOptimizer(" not in result.message and "optimizer_class=" not in result.message
 
 
 # -- Typical wrong answers fail with a message that names the mistake ----------
@@ -208,6 +224,10 @@ WRONG_ANSWERS = [
      {"destroy_process_group called on every rank": ["rank 0 never called destroy_process_group",
                                                      "in finally, on every path"]},
      "all_reduce of rank + 1"),
+    # async_op=True without wait(): the harness used to wait for the script, and the answer passed.
+    ("init", "init_async_no_wait",
+     {"all_reduce of rank + 1": ["called all_reduce(async_op=True) and never called wait()"]},
+     "joins one group"),
     ("wrap", "wrap_module_forward",
      {"parameters identical on every rank after every optimizer step": [
          "no forward went through the wrapper", "not ddp_model.module(x)"]},
@@ -216,9 +236,18 @@ WRONG_ANSWERS = [
     ("wrap", "wrap_device_ids",
      {"runs to the end": ["failed (exit code 1) at wrap_device_ids.py, line 11", "ValueError", "device_ids"],
       "the model is wrapped": []}, None),
+    # The optimizer steps a second model's parameters: nothing trains, so the ranks stayed "identical" (it passed).
+    ("wrap", "wrap_optimizer_other_model",
+     {"parameters identical on every rank after every optimizer step": [
+         "not those of the model DDP wraps", "staying identical shows nothing"]},
+     "the model is wrapped"),
     ("sampler", "sampler_no_set_epoch",
      {"a new order every epoch": ["repeated epoch 0's order", "sampler.set_epoch(epoch)"]},
      "a DistributedSampler gives"),
+    # World size and ranks right, seeds differ: it said to let the sampler read the world size and rank.
+    ("sampler", "sampler_seed_per_rank",
+     {"a DistributedSampler gives": ["rank 0: seed=0, rank 1: seed=1", "the same seed"]},
+     "a new order every epoch"),
     ("sampler", "sampler_per_rank_data",
      {"every rank builds the same dataset": ["different datasets", "per-rank random data"]},
      "a new order every epoch"),
@@ -239,6 +268,11 @@ WRONG_ANSWERS = [
     ("no_sync", "no_sync_tail_divided_by_k",
      {"final parameters equal one process": ["divided the last, shorter window's losses by K"]},
      "an optimizer step after every K"),
+    # zero_grad() before every micro-batch: it said only "differ by up to 0.13".
+    ("no_sync", "no_sync_zero_grad_each_micro",
+     {"final parameters equal one process": ["zero_grad() ran after forwards [1, 2, 3, 5, 6, 8, 9, 10]",
+                                             "inside a window", "Zero the gradients only right after each"]},
+     "one gradient all-reduce"),
     ("teardown", "teardown_no_finally",
      {"a rank that raises mid-training": ["rank 1 raised InjectedFailure", "No finally"]},
      "destroy_process_group called on every rank"),
@@ -279,6 +313,20 @@ def test_a_wrong_answer_fails_naming_the_mistake(name, mistake, failing, still_p
             assert word in detail, f"{word!r} not in {detail!r}"
     if still_passing:
         assert any(n.startswith(still_passing) for n in passed_names(result)), result.message
+    assert_nothing_left(result, tmp_path)
+
+
+# (exercise, file in exercise_right_answers/): shaped otherwise than the solution, and right.
+RIGHT_SHAPES = [
+    ("wrap", "wrap_optimizer_first"),  # the optimizer built on the model before wrapping: the same tensors
+    ("no_sync", "no_sync_own_hook"),  # a comm hook of its own: the harness used to crash on it (one hook per DDP)
+]
+
+
+@pytest.mark.parametrize("name, answer", RIGHT_SHAPES, ids=[r[1] for r in RIGHT_SHAPES])
+def test_a_right_answer_in_another_shape_passes(name, answer, tmp_path):
+    result = exercises.check(name, RIGHT_ANSWERS / f"{answer}.py", timeout=TIMEOUT)
+    assert result.passed, result.message
     assert_nothing_left(result, tmp_path)
 
 

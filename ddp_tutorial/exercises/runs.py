@@ -74,9 +74,13 @@ class HarnessRun:
         return [r for r in self.records.get(rank, []) if r.get("event") == event]
 
     def final(self, rank: int) -> Optional[dict]:
-        """The rank's ``final`` record: what it measured once the script ended (None if it never did)."""
+        """The rank's ``final`` record: what it measured once the script ended (None if it never did),
+        with the ``references`` rank 0 computed after it, where it got that far."""
         finals = self.events(rank, "final")
-        return finals[-1] if finals else None
+        if not finals:
+            return None
+        references = self.events(rank, "references")
+        return {**finals[-1], **{k: v for k, v in references[-1].items() if k != "event"}} if references else finals[-1]
 
     def finals(self) -> Dict[int, dict]:
         """``final`` records of the ranks that wrote one."""

@@ -81,7 +81,12 @@ def all_reduce_sum(run: HarnessRun) -> Criterion:
         if not done and not run.finished:
             return not_measured(ALL_REDUCE_SUM, run, f"rank {rank} finished no all_reduce before the run "
                                                          "stopped (see the first criterion)")
-        if not done:
+        unwaited = [c for c in run.events(rank, "collective_enter") if c["op"] == "all_reduce" and c.get("async")]
+        if not done and unwaited:
+            problems.append(f"rank {rank} called all_reduce(async_op=True) and never called wait() on the Work it "
+                            "returned: the sum is in the tensor only once work.wait() returns (or leave "
+                            "async_op out: then all_reduce returns when it is done)")
+        elif not done:
             problems.append(f"rank {rank} finished no all_reduce")
         elif not own:
             problems.append(f"rank {rank} all-reduced {done[-1]['input']}, not rank + 1 = {rank + 1}")
@@ -154,6 +159,18 @@ def same_after_steps(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
         return absent(SAME_AFTER_STEPS, run, f"no optimizer step ran on {ranks_text(idle)}")
     if not run.finished and len({f["optimizer_steps"] for f in finals.values()}) > 1:
         return not_measured(SAME_AFTER_STEPS, run, "a rank stopped before the others (see the first criterion)")
+    elsewhere = [r for r, f in finals.items() if f.get("optimizer_trains_ddp_model") is False]
+    if elsewhere:
+        return Criterion(SAME_AFTER_STEPS, False, (
+            f"on {ranks_text(elsewhere)} the optimizer steps parameters that are not those of the model DDP wraps "
+            "(another model's): the backward fills the wrapped model's gradients, so the stepped parameters never "
+            "change, and staying identical shows nothing. Build the optimizer on the wrapped model's parameters, "
+            "model.parameters() of the DDP model (or of the model you wrapped: they are the same tensors)"))
+    gradless = [r for r, f in finals.items() if f.get("params_with_grad") == 0]
+    if gradless:
+        return Criterion(SAME_AFTER_STEPS, False, (
+            f"on {ranks_text(gradless)} no parameter had a gradient when the optimizer stepped, so nothing "
+            "trained: call loss.backward() before optimizer.step()"))
     differ = first_step_that_differs(finals)
     if differ:
         return Criterion(SAME_AFTER_STEPS, False, f"{differ}: {why_not_averaged(finals)}")

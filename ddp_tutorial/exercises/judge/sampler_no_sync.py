@@ -45,11 +45,21 @@ def shards(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
         everyone = [i for its in iterations.values() for i in its[epoch]["indices"]]
         overlap, missing = len(everyone) - len(set(everyone)), size - len(set(everyone))
         if overlap or missing:
-            how = ", ".join(f"rank {r}: num_replicas={its[epoch]['num_replicas']}, rank={its[epoch]['rank']}"
-                            for r, its in iterations.items())
+            found = f"in epoch {epoch}, {overlap} indices went to more than one rank and {missing} of {size} to none"
+            at = {r: its[epoch] for r, its in iterations.items()}
+            placed = {(it["num_replicas"], it["rank"]) for it in at.values()}
+            if placed == {(run.world_size, r) for r in run.ranks}:  # world size and ranks right: the orders differ
+                for key, advice in (("seed", "give every rank the same seed (or leave seed= out)"),
+                                    ("shuffle", "give every rank the same shuffle=")):
+                    if len({it[key] for it in at.values()}) > 1:
+                        given = ", ".join(f"rank {r}: {key}={it[key]}" for r, it in at.items())
+                        return Criterion(SHARDS, False, (
+                            f"{found} ({given}): each rank takes every W-th index of one permutation drawn from "
+                            f"seed + epoch, so the ranks must draw the same one: {advice}"))
+                return Criterion(SHARDS, False, f"{found}, with num_replicas and rank right on every rank")
+            how = ", ".join(f"rank {r}: num_replicas={it['num_replicas']}, rank={it['rank']}" for r, it in at.items())
             return Criterion(SHARDS, False, (
-                f"in epoch {epoch}, {overlap} indices went to more than one rank and {missing} of {size} to "
-                f"none ({how}): let DistributedSampler read the world size and rank from the process group"))
+                f"{found} ({how}): let DistributedSampler read the world size and rank from the process group"))
     return Criterion(SHARDS, True, f"{size} samples, {len(iterations[0][0]['indices'])} per rank per epoch")
 
 
@@ -186,11 +196,14 @@ MISTAKE_RESULTS = {
 def same_as_one_process(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     """Final parameters on every rank equal the one-process reference rank 0 computed."""
     rank0 = finals[0]
-    if "references" not in rank0:
-        return not_measured(SAME_AS_ONE_PROCESS, run, "rank 0 computed no reference")
+    if "references" not in rank0:  # computed after rank 0's script, and only where that script succeeded
+        why = ("rank 0's script failed, so it computed no reference (see the first criterion)" if rank0.get("error")
+               else "rank 0 was stopped before it computed the reference (see the first criterion)"
+               if not run.finished else "rank 0 computed no reference")
+        return not_measured(SAME_AS_ONE_PROCESS, run, why)
     mine, refs = rank0["final_params"], rank0["references"]
     if mine is None:
-        return Criterion(SAME_AS_ONE_PROCESS, False, "no optimizer stepped: there are no trained parameters")
+        return absent(SAME_AS_ONE_PROCESS, run, "no optimizer stepped: there are no trained parameters")
     d = max_difference(mine, refs["correct"])
     others = {r: max_difference(mine, f["final_params"]) for r, f in finals.items()}
     ranks_agree = all(o <= TOLERANCE for o in others.values())
@@ -204,9 +217,24 @@ def same_as_one_process(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     for mistake, why in MISTAKE_RESULTS.items():
         if max_difference(mine, refs.get(mistake)) <= TOLERANCE:
             return Criterion(SAME_AS_ONE_PROCESS, False, f"{detail}: {why}")
+    wiped = gradients_wiped_mid_window(rank0)
+    if wiped:
+        return Criterion(SAME_AS_ONE_PROCESS, False, f"{detail}: {wiped}")
     if not ranks_agree:
         detail += f"; the ranks also differ from each other: {why_not_averaged(finals)}"
     return Criterion(SAME_AS_ONE_PROCESS, False, detail)
+
+
+def gradients_wiped_mid_window(final: dict) -> Optional[str]:
+    """Where zero_grad() ran between two micro-batches of one window, wiping what the window accumulated."""
+    boundaries = {0, *final.get("forwards_at_step", [])}
+    inside = sorted({n for n in final.get("zero_grad_at", []) if n not in boundaries})
+    if not inside:
+        return None
+    return (f"zero_grad() ran after forwards {inside[:8]}{' ...' if len(inside) > 8 else ''}, inside a window "
+            f"(the optimizer stepped after forwards {final['forwards_at_step'][:8]}"
+            f"{' ...' if len(final['forwards_at_step']) > 8 else ''}): it wiped the gradients the window's "
+            "earlier micro-batches had accumulated. Zero the gradients only right after each optimizer step")
 
 
 def judge_no_sync(run: HarnessRun) -> List[Criterion]:

@@ -13,10 +13,12 @@ Records (``event`` key): ``start``; ``init_called`` and ``init`` around
 collective the script calls (``all_reduce``, ``barrier``, ``broadcast``, ``all_gather``, ...); ``destroy``
 before ``destroy_process_group`` runs; and
 ``final`` after the script ended, with every count, the parameters, the
-sampler orders, the saves, the error if any, on rank 0 the one-process
-references (``ddp_tutorial.exercises.workers.reference``), and in the capstone whether
-each saved checkpoint loads strictly into ``task.make_model()``. All but ``final`` are
-written the moment they happen, so a rank that hangs or dies still leaves them.
+sampler orders, the saves, the error if any, and in the capstone whether
+each saved checkpoint loads strictly into ``task.make_model()``; then, on rank 0,
+``references``: the one-process results (``ddp_tutorial.exercises.workers.reference``),
+after ``final`` so that a peer's failure during them (which stops this rank)
+costs only the references. All but those two are written the moment they
+happen, so a rank that hangs or dies still leaves them.
 
 Once the ``final`` record is written, what the script raised goes on to the bootstrap,
 which reports it and exits as for any script (``bootstrap.run_rank``): the same exit
@@ -55,6 +57,23 @@ def keep_own_group_under_torchrun() -> None:
     """
     if "RANK" in os.environ and envvars.LAUNCHER_PID not in os.environ:  # not launch's rank, not plain
         keeper.keep_own_group_after_exit()
+
+
+#: The harness's own files: their frames (an observer between the script and torch) are not the learner's.
+HARNESS_FILES = {os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+                 for name in ("harness.py", "observers.py", "shard_harness.py")}
+
+
+def without_harness_frames(tb):
+    """The traceback ``tb`` with the harness's frames taken out, wherever they are in it."""
+    kept = []
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename) not in HARNESS_FILES:
+            kept.append(tb)
+        tb = tb.tb_next
+    for earlier, later in zip(kept, kept[1:] + [None]):
+        earlier.tb_next = later
+    return kept[0] if kept else None
 
 
 def error_record(exc: BaseException, script: str):
@@ -117,18 +136,18 @@ def run(exercise: str, script: str) -> Optional[BaseException]:
             error = {"type": "SystemExit", "message": f"sys.exit({exc.code!r})", "where": None,
                      "traceback": []}
     except BaseException as exc:  # the script's own error: recorded here, reported by the bootstrap
+        exc.__traceback__ = without_harness_frames(exc.__traceback__)
         failure, code, error = exc, bootstrap.exit_code(exc), error_record(exc, script)
     observers.remove()  # the references below must not be counted
     record = {"event": "final", "exit_code": code, "error": error,
               "initialized_at_exit": dist.is_initialized(), **seen.as_record()}
-    rank = int(os.environ.get("RANK", 0))
-    if exercise in NEEDS_REFERENCE and rank == 0 and error is None:
-        world_size = seen.init_world_size or int(os.environ.get("WORLD_SIZE", 1))
-        record["reference_world_size"] = world_size
-        record["references"] = reference.references(world_size, sampler_seed(seen))
     if exercise == "capstone":
         record["checkpoints"] = checkpoint_records(seen)
-    report(record)
+    report(record)  # first: a peer's failure stops this rank, and the references below take a while
+    if exercise in NEEDS_REFERENCE and int(os.environ.get("RANK", 0)) == 0 and error is None:
+        world_size = seen.init_world_size or int(os.environ.get("WORLD_SIZE", 1))
+        report({"event": "references", "reference_world_size": world_size,
+                "references": reference.references(world_size, sampler_seed(seen))})
     return failure
 
 

@@ -74,6 +74,8 @@ class Observations:
         self.params_per_step = []
         self.forwards_at_step = []  # ddp_forwards when each optimizer step ran: where the windows end
         self.last_optimizer = None
+        self.params_with_grad = 0  # the most of the stepped optimizer's parameters that had a .grad at a step
+        self.zero_grad_at = []  # ddp_forwards when each zero_grad() ran (an optimizer's or a module's)
         self.sampler_iterations = []
         self.loader_iterations = []
         self.saves = []
@@ -90,8 +92,19 @@ class Observations:
             return reference.flat_parameters(self.ddp_modules[0].parameters())
         return None
 
+    def optimizer_trains_ddp_model(self):
+        """Whether the last stepped optimizer's parameters are those of a module DDP wraps
+        (None: no step, or no DDP)."""
+        if self.last_optimizer is None or not self.ddp_modules:
+            return None
+        wrapped = {id(p) for module in self.ddp_modules for p in module.parameters()}
+        return all(id(p) in wrapped for p in optimizer_parameters(self.last_optimizer))
+
     def as_record(self):
         return {
+            "optimizer_trains_ddp_model": self.optimizer_trains_ddp_model(),
+            "params_with_grad": self.params_with_grad,
+            "zero_grad_at": self.zero_grad_at,
             "ddp_wraps": self.ddp_wraps,
             "bucket_allreduces": self.bucket_allreduces,
             "buckets": len(self.bucket_indices),
@@ -145,6 +158,28 @@ def rendezvous_port(init_method, store):
     return url.scheme or None
 
 
+class Work:
+    """The Work an ``async_op=True`` collective returns (named as torch names it, for the script's messages),
+    reporting the collective done when the script waits.
+
+    The result is in the tensor only once ``wait()`` returns: a script that reads it
+    without waiting must not be measured as if it had waited.
+    """
+
+    def __init__(self, work, done):
+        self._work, self._done, self._reported = work, done, False
+
+    def wait(self, *args, **kwargs):
+        result = self._work.wait(*args, **kwargs)
+        if not self._reported:
+            self._reported = True
+            self._done()
+        return result
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
 class Observers:
     """Installs the observers on torch (``install``) and puts the originals back (``remove``)."""
 
@@ -175,6 +210,8 @@ class Observers:
             seen.optimizer_steps += 1
             seen.forwards_at_step.append(seen.ddp_forwards)
             seen.last_optimizer = optimizer
+            params = optimizer_parameters(optimizer)
+            seen.params_with_grad = max(seen.params_with_grad, sum(p.grad is not None for p in params))
             seen.params_per_step.append(reference.flat_parameters(optimizer_parameters(optimizer)))
 
         self._hook = register_optimizer_step_post_hook(after_step)
@@ -202,6 +239,9 @@ class Observers:
 
         self.patch(torch.utils.data.DataLoader, "__iter__", observed_loader_iter)
 
+        for owner in (torch.optim.Optimizer, torch.nn.Module):
+            self.patch(owner, "zero_grad", self._observed_zero_grad(owner.zero_grad))
+
         save = torch.save
 
         def observed_save(obj, f, *args, **kwargs):
@@ -211,6 +251,14 @@ class Observers:
 
         self.patch(torch, "save", observed_save)
         self.patch(torch.serialization, "save", observed_save)
+
+    def _observed_zero_grad(self, zero_grad):
+        seen = self.seen
+
+        def observed(obj, *args, **kwargs):
+            seen.zero_grad_at.append(seen.ddp_forwards)
+            return zero_grad(obj, *args, **kwargs)
+        return observed
 
     def _observe_process_group(self):
         seen, launcher = self.seen, self.launcher
@@ -238,12 +286,17 @@ class Observers:
                 tensor = args[0] if takes_tensor and args else kwargs.get("tensor")
                 values = small_values(tensor)
                 # Written before it runs: a rank that waits here forever has said where.
-                report({"event": "collective_enter", "op": op, "n": number, "input": values})
+                report({"event": "collective_enter", "op": op, "n": number, "input": values,
+                        "async": bool(kwargs.get("async_op"))})
                 work = collective(*args, **kwargs)
-                if work is not None and hasattr(work, "wait"):  # async_op=True: done once waited for
-                    work.wait()
-                report({"event": "collective", "op": op, "n": number, "input": values,
-                        "output": small_values(tensor)})
+
+                def done():
+                    report({"event": "collective", "op": op, "n": number, "input": values,
+                            "output": small_values(tensor)})
+
+                if work is not None and hasattr(work, "wait"):  # async_op=True: done once the script waits
+                    return Work(work, done)
+                done()
                 return work
             return observed
 
@@ -272,23 +325,47 @@ class Observers:
         seen = self.seen
         ddp_init = DistributedDataParallel.__init__
 
-        def counting_allreduce_hook(process_group, bucket):
-            seen.bucket_allreduces += 1
-            seen.bucket_indices.add(bucket.index())
-            return default_hooks.allreduce_hook(process_group, bucket)  # DDP's own averaging
+        def counting(hook):
+            def counted(state, bucket):
+                seen.bucket_allreduces += 1
+                seen.bucket_indices.add(bucket.index())
+                return hook(state, bucket)
+            return counted
+
+        register_comm_hook = DistributedDataParallel.register_comm_hook
+
+        def observed_register_comm_hook(ddp, state, hook):
+            """The script's own comm hook (DDP takes one), counted as the default one would be."""
+            register_comm_hook(ddp, state, counting(hook))
+            ddp._harness_hooked = True
+
+        def count_bucket_allreduces(ddp):
+            """Before the first forward, unless the script registered a hook of its own: DDP's own
+            averaging (its default all-reduce), counted."""
+            if not getattr(ddp, "_harness_hooked", False):
+                register_comm_hook(ddp, ddp.process_group, counting(default_hooks.allreduce_hook))
+                ddp._harness_hooked = True
 
         def observed_ddp_init(ddp, *args, **kwargs):
             seen.ddp_attempts += 1
             ddp_init(ddp, *args, **kwargs)  # broadcasts rank 0's parameters and buffers
-            ddp.register_comm_hook(ddp.process_group, counting_allreduce_hook)
             seen.ddp_modules.append(ddp.module)
             seen.ddp_wraps.append({"params_after_wrap": reference.flat_parameters(ddp.module.parameters())})
 
         self.patch(DistributedDataParallel, "__init__", observed_ddp_init)
+        self.patch(DistributedDataParallel, "register_comm_hook", observed_register_comm_hook)
+        builtin_hook = DistributedDataParallel._register_builtin_comm_hook
+
+        def observed_builtin_hook(ddp, comm_hook_type):  # not counted, but the script's choice stands
+            builtin_hook(ddp, comm_hook_type)
+            ddp._harness_hooked = True
+
+        self.patch(DistributedDataParallel, "_register_builtin_comm_hook", observed_builtin_hook)
 
         forward = DistributedDataParallel.forward
 
         def observed_forward(ddp, *args, **kwargs):
+            count_bucket_allreduces(ddp)
             seen.ddp_forwards += 1
             if ddp.require_backward_grad_sync and torch.is_grad_enabled():
                 seen.syncing_forwards += 1  # DDP decides here that the coming backward all-reduces

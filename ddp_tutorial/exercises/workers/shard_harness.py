@@ -4,11 +4,15 @@
 
 Runs SCRIPT under ``harness.run`` (its records, exit code and error as for
 every exercise) with more observers installed around it:
-ZeroRedundancyOptimizer's ``consolidate_state_dict`` and ``state_dict``
-calls, the optimizer states ``torch.save`` writes, and the last optimizer
-stepped. Then each rank reports ``shard_final``: the Adam state it holds, the
-learning rate, its final parameters; rank 0 adds the parameters the original
-DDP script reaches, replayed in one process the way DDP computes them.
+ZeroRedundancyOptimizer's construction, ``consolidate_state_dict`` (and its
+target) and ``state_dict`` calls, the optimizer states ``torch.save`` writes
+to a file (each parameter's ``step`` and Adam moments, as they were when
+saved), the last optimizer stepped, and whether its parameters are the DDP
+model's and had gradients. Then each rank reports ``shard_final``: the Adam
+state it holds at the end (by global parameter index), the learning rate, its
+final parameters. Only then does rank 0 replay the original DDP script in one
+process and report ``shard_reference``: a peer that fails during the replay
+costs the reference, never what was measured.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import sys
 import torch
 import torch.nn.functional as F
 from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data.distributed import DistributedSampler
 
@@ -30,6 +35,8 @@ from ddp_tutorial.runfolder import report
 
 # This module runs the script for the rank (through ``harness.run``): its frames are not the script's.
 globals()[bootstrap.RUNS_THE_SCRIPT] = True
+#: Adam's moments, recorded by value for each parameter (the task's model is small).
+MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def optimizer_states_in(obj):
@@ -45,6 +52,33 @@ def optimizer_states_in(obj):
             yield from optimizer_states_in(value)
 
 
+def param_state(state: dict) -> dict:
+    """One parameter's Adam state as plain numbers: its step and its moments, flattened."""
+    step = state.get("step")
+    moments = [state[name] for name in MOMENTS if isinstance(state.get(name), torch.Tensor)]
+    values = [x for m in moments for x in m.detach().reshape(-1).cpu().tolist()]
+    return {"step": float(step) if step is not None else None, "values": values}
+
+
+def saved_state(state_dict: dict) -> dict:
+    """What an optimizer state dict holds, copied now: bytes, and each parameter's state by index."""
+    tensors = [v for s in state_dict["state"].values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return {"params_with_state": len(state_dict["state"]), "state_bytes": nbytes(tensors),
+            "state": [[i, param_state(s)] for i, s in state_dict["state"].items() if isinstance(s, dict)]}
+
+
+def held_state(opt) -> list:
+    """The Adam state this rank holds now, as [global parameter index, state] pairs.
+
+    The index is the parameter's position in the optimizer's parameter list, the
+    indexing of ``state_dict()`` (ZeRO's consolidated one and a plain Adam's alike).
+    """
+    index = {id(p): i for i, p in enumerate(observers.optimizer_parameters(opt))}
+    local = optimizer_state(opt)
+    return [[index[id(p)], param_state(s)] for p, s in getattr(local, "state", {}).items()
+            if id(p) in index and isinstance(s, dict)]
+
+
 class ZeroObservers(observers.Observers):
     """What the common harness does not watch: ZeRO's calls, saved optimizer states, the last optimizer.
 
@@ -55,23 +89,33 @@ class ZeroObservers(observers.Observers):
         super().__init__(seen=None, launcher=None)
         self.last_optimizer = None
         self.steps = 0  # steps of the script's own optimizer, not of ZeRO's inner Adam
-        self.inner = set()  # ids of ZeRO's local optimizers
-        self.consolidate_calls = 0
+        self.zeros = []  # every ZeroRedundancyOptimizer built (its inner optimizer may come later)
+        self.consolidations = []  # each consolidate_state_dict call on this rank: its `to`, and when
+        self.consolidating = False  # ZeRO's own torch.save of a shard into a buffer is not a checkpoint
         self.state_dict_refused = None
         self.saved = []
+        self.ddp_params = set()  # ids of the parameters of the modules DDP wraps
+        self.params_with_grad = 0  # the most of the optimizer's parameters that had a .grad at a step
+
+    def inner_optimizers(self):
+        return {id(zero.optim) for zero in self.zeros if hasattr(zero, "optim")}
 
     def install(self):
         zero_init = ZeroRedundancyOptimizer.__init__
 
         def observed_init(zero, *args, **kwargs):
             zero_init(zero, *args, **kwargs)
-            self.inner.add(id(zero.optim))
+            self.zeros.append(zero)  # zero.optim does not exist yet with overlap_with_ddp=True
 
         consolidate = ZeroRedundancyOptimizer.consolidate_state_dict
 
-        def observed_consolidate(zero, *args, **kwargs):
-            self.consolidate_calls += 1
-            return consolidate(zero, *args, **kwargs)
+        def observed_consolidate(zero, to=0):
+            self.consolidations.append({"to": to, "after_steps": self.steps})
+            self.consolidating = True
+            try:
+                return consolidate(zero, to)
+            finally:
+                self.consolidating = False
 
         state_dict = ZeroRedundancyOptimizer.state_dict
 
@@ -79,31 +123,42 @@ class ZeroObservers(observers.Observers):
             try:
                 return state_dict(zero)
             except RuntimeError as err:  # not consolidated on this rank
-                self.state_dict_refused = str(err).splitlines()[0]
+                self.state_dict_refused = {"message": str(err).splitlines()[0],
+                                           "consolidated_to": [c["to"] for c in self.consolidations]}
                 raise
 
         save = torch.save
 
         def observed_save(obj, f, *args, **kwargs):
-            for state in optimizer_states_in(obj):
-                tensors = [v for s in state["state"].values() for v in s.values() if isinstance(v, torch.Tensor)]
-                self.saved.append({"params_with_state": len(state["state"]), "state_bytes": nbytes(tensors)})
+            if not self.consolidating:
+                self.saved.extend({**saved_state(state), "after_steps": self.steps}
+                                  for state in optimizer_states_in(obj))
             return save(obj, f, *args, **kwargs)
 
+        ddp_init = DistributedDataParallel.__init__
+
+        def observed_ddp_init(ddp, *args, **kwargs):
+            ddp_init(ddp, *args, **kwargs)
+            self.ddp_params.update(id(p) for p in ddp.module.parameters())
+
         def after_step(optimizer, args, kwargs):
-            if id(optimizer) not in self.inner:  # ZeRO's own step follows its inner Adam's
-                self.steps += 1
-                self.last_optimizer = optimizer
+            if id(optimizer) in self.inner_optimizers():  # ZeRO's own step follows its inner Adam's
+                return
+            self.steps += 1
+            self.last_optimizer = optimizer
+            params = observers.optimizer_parameters(optimizer)
+            self.params_with_grad = max(self.params_with_grad, sum(p.grad is not None for p in params))
 
         self.patch(ZeroRedundancyOptimizer, "__init__", observed_init)
         self.patch(ZeroRedundancyOptimizer, "consolidate_state_dict", observed_consolidate)
         self.patch(ZeroRedundancyOptimizer, "state_dict", observed_state_dict)
+        self.patch(DistributedDataParallel, "__init__", observed_ddp_init)
         self.patch(torch, "save", observed_save)  # the common harness wraps this one in turn
         self._hook = register_optimizer_step_post_hook(after_step)
 
 
 def ddp_replay(world_size: int, seed: int = 0):
-    """The DDP script with Adam in one process: final parameters, Adam's state bytes, steps.
+    """The DDP script with Adam in one process: final parameters, Adam's state, steps.
 
     Each step computes every rank's gradient on that rank's rows (its
     DistributedSampler's order), divides by W and sums, as DDP's all-reduce
@@ -135,21 +190,42 @@ def ddp_replay(world_size: int, seed: int = 0):
     return reference.flat_parameters(model.parameters()), nbytes(state_tensors(optimizer)), steps
 
 
+def full_state_bytes(params) -> int:
+    """Bytes of one whole Adam state for tensors shaped like ``params`` (what one unsharded rank holds)."""
+    copies = [torch.zeros_like(p, requires_grad=True) for p in params]
+    for c in copies:
+        c.grad = torch.zeros_like(c)
+    adam = torch.optim.Adam(copies)
+    adam.step()
+    return nbytes(state_tensors(adam))
+
+
 def final_record(seen: ZeroObservers) -> dict:
-    opt = seen.last_optimizer
-    params = observers.optimizer_parameters(opt) if opt is not None else []
-    record = {"event": "shard_final", "optimizer": type(opt).__name__ if opt is not None else None,
-              "local_optimizer": type(optimizer_state(opt)).__name__ if opt is not None else None,
-              "lr": opt.param_groups[0]["lr"] if opt is not None else None,
-              "state_bytes": nbytes(state_tensors(opt)) if opt is not None else 0,
-              "optimizer_steps": seen.steps, "param_tensors": len(params),
-              "final_params": reference.flat_parameters(params) if params else None,
-              "consolidate_calls": seen.consolidate_calls, "state_dict_refused": seen.state_dict_refused,
-              "saved_optimizer_states": seen.saved}
-    if int(os.environ.get("RANK", 0)) == 0:  # also after a failed script: the other criteria still say why
-        world_size = int(os.environ.get("WORLD_SIZE", 1))
-        record["reference"], record["full_state_bytes"], record["reference_steps"] = ddp_replay(world_size)
-    return record
+    """What this rank measured once the script ended; the optimizer is the last stepped, else the last ZeRO."""
+    opt = seen.last_optimizer or (seen.zeros[-1] if seen.zeros else None)
+    if opt is None:
+        return {"event": "shard_final", "optimizer": None, "local_optimizer": None, "lr": None, "state_bytes": 0,
+                "optimizer_steps": seen.steps, "param_tensors": 0, "full_state_bytes": 0, "final_params": None,
+                "held_state": [], "trains_ddp_model": None, "params_with_grad": 0, "overlap_with_ddp": False,
+                "consolidations": seen.consolidations, "state_dict_refused": seen.state_dict_refused,
+                "saved_optimizer_states": seen.saved}
+    params = observers.optimizer_parameters(opt)
+    local = optimizer_state(opt)
+    return {"event": "shard_final", "optimizer": type(opt).__name__,
+            # None: a ZeRO with overlap_with_ddp=True builds its local optimizer only in DDP's hook
+            "local_optimizer": (None if local is opt and isinstance(opt, ZeroRedundancyOptimizer)
+                                else type(local).__name__),
+            "lr": opt.param_groups[0]["lr"] if opt.param_groups else None,
+            "state_bytes": nbytes(state_tensors(opt)) if hasattr(local, "state") else 0,
+            "optimizer_steps": seen.steps, "param_tensors": len(params),
+            "full_state_bytes": full_state_bytes(params),
+            "final_params": reference.flat_parameters(params) if params else None,
+            "held_state": held_state(opt) if hasattr(local, "state") else [],
+            "trains_ddp_model": bool(params) and all(id(p) in seen.ddp_params for p in params),
+            "params_with_grad": seen.params_with_grad,
+            "overlap_with_ddp": bool(getattr(opt, "_overlap_with_ddp", False)),
+            "consolidations": seen.consolidations, "state_dict_refused": seen.state_dict_refused,
+            "saved_optimizer_states": seen.saved}
 
 
 def main(argv) -> None:
@@ -159,7 +235,11 @@ def main(argv) -> None:
     seen.install()
     failure = harness.run(argv[0], os.path.abspath(argv[1]))
     seen.remove()
-    report(final_record(seen))
+    report(final_record(seen))  # first: a peer's failure stops this rank, and the replay below takes a while
+    if int(os.environ.get("RANK", 0)) == 0:  # also after a failed script: the other criteria still say why
+        params, state_bytes, steps = ddp_replay(int(os.environ.get("WORLD_SIZE", 1)))
+        report({"event": "shard_reference", "reference": params, "reference_state_bytes": state_bytes,
+                "reference_steps": steps})
     harness.end_as_the_script_did(failure)
 
 

@@ -1,0 +1,23 @@
+"""Wrong answer to "sampler": every rank gives its DistributedSampler its own seed."""
+
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from ddp_tutorial.exercises.workers import task
+
+dist.init_process_group("gloo")
+try:
+    rank = dist.get_rank()
+    dataset = task.make_dataset()  # the same on every rank: built from a shared seed
+
+    # Rank r reads perm[r::world_size] of one permutation all ranks share.
+    sampler = DistributedSampler(dataset, shuffle=True, seed=rank)
+    loader = DataLoader(dataset, batch_size=task.BATCH_SIZE, sampler=sampler)  # no shuffle= here
+
+    for epoch in range(task.EPOCHS):
+        sampler.set_epoch(epoch)  # the permutation comes from seed + epoch: without it, epoch 0's repeats
+        seen = sum(len(x) for x, y in loader)
+        print(f"rank {rank}, epoch {epoch}: read {seen} of {len(dataset)} samples")
+finally:
+    dist.destroy_process_group()
