@@ -34,8 +34,9 @@ CHECKPOINT = "rank 0's checkpoint holds the whole optimizer state (consolidate_s
 
 HINT = ("optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=shard.LR): "
         "it builds an Adam of its own for this rank's share of the parameters and passes lr= on to it. "
-        "Before saving: optimizer.consolidate_state_dict(to=0) on every rank (it is a collective: each rank "
-        "sends its shard to rank 0), then optimizer.state_dict() on rank 0 only.")
+        "Before saving: optimizer.consolidate_state_dict(to=0) on every rank (it is a collective: each rank other "
+        "than 0 broadcasts its shard, and every rank takes part in each broadcast), then optimizer.state_dict() "
+        "on rank 0 only.")
 
 
 def checkpoint_path() -> str:
@@ -110,7 +111,8 @@ def whole_checkpoint(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
         missing = [r for r, n in consolidated.items() if not n]
         return Criterion(CHECKPOINT, False, (
             f"consolidate_state_dict() ran on {ranks_text([r for r in consolidated if r not in missing])} only, "
-            f"not on {ranks_text(missing)}: it is a collective (every rank sends its shard to rank 0), so call it "
+            f"not on {ranks_text(missing)}: it is a collective (one broadcast per rank's shard, and every rank "
+            f"takes part in each), so call it "
             "on every rank, before the `if rank == 0:` that saves"))
     saves = finals.get(0, {}).get("saved_optimizer_states", [])
     if not saves:
