@@ -25,7 +25,7 @@ def plot_restart_loss(run, reference=None, rank: int = 0, ax: Optional[plt.Axes]
         title: the title.
         failed_at: the micro-step at which ``rank`` failed, drawn as a red line (None: not drawn).
     """
-    ax = new_axes(ax, figsize=(8, 3.5))
+    ax = new_axes(ax, figsize=(9.5, 3.5))
     if reference is not None:
         ax.plot(reference.column(rank, "step"), reference.column(rank, "loss"), color="grey",
                 lw=3, alpha=0.4, label="uninterrupted run")
@@ -55,4 +55,5 @@ def plot_restart_loss(run, reference=None, rank: int = 0, ax: Optional[plt.Axes]
                         va="top", ha="right", fontsize="small")
     ax.set_yscale("log")
     return finish_axes(ax, "micro-step", f"rank {rank} local loss (MSE)",
-                       title or "Loss across a restart: where it failed, where it resumed", loc="lower left")
+                       title or "Loss across a restart: where it failed, where it resumed", loc="upper left",
+                       bbox_to_anchor=(1.01, 1.0))  # right of the axes, over no point
