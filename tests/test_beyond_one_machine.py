@@ -459,3 +459,24 @@ def test_every_rank_loads_the_checkpoint_onto_its_own_device(monkeypatch):
                         device=torch.device("cuda", 1))
     assert instrument.Instrument.from_args(args).start(env, None, None, 8) == 0
     assert seen == [torch.device("cuda", 1)]
+
+
+def test_the_restart_plot_draws_every_step_the_first_attempt_finished_and_the_failure(tmp_path):
+    # Run.steps counts a repeated step once (from the later attempt); the plot must not lose step 12.
+    import json
+
+    import matplotlib
+    matplotlib.use("Agg")
+    from ddp_tutorial import Run, plots
+
+    lines = [{"kind": "step", "rank": 1, "attempt": 0, "step": s, "loss": 6.0 - 0.1 * s} for s in range(13)]
+    lines += [{"kind": "resume", "rank": 1, "attempt": 1, "step": 12, "epoch": 1, "micro": 4, "optimizer_steps": 6}]
+    lines += [{"kind": "step", "rank": 1, "attempt": 1, "step": s, "loss": 6.0 - 0.1 * s} for s in range(12, 16)]
+    (tmp_path / "rank1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    run = Run(tmp_path)
+    assert [s["step"] for s in run.steps[1] if s["attempt"] == 0][-1] == 11  # what the plot once drew
+    ax = plots.plot_restart_loss(run, rank=1, failed_at=13)
+    drawn = {line.get_label(): list(line.get_xdata()) for line in ax.get_lines()}
+    assert drawn["first attempt"] == list(range(13))
+    assert drawn["last step the first attempt finished (12)"] == [12]
+    assert any(list(line.get_xdata()) == [13, 13] and line.get_color() == "red" for line in ax.get_lines())

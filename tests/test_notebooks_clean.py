@@ -1,5 +1,6 @@
 """The notebooks are committed clean and follow the ladder's rules (nbmake executes them)."""
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -56,3 +57,27 @@ def test_notebook_explains_first_launches_through_the_kit_and_asserts(path):
     assert "ddp_tutorial" in code
     assert "mp.spawn" not in code and "os.fork" not in code  # workers run from script files
     assert sum("assert " in c.source for c in nb.cells if c.cell_type == "code") >= 2
+
+
+HINT_OR_SOLUTION = re.compile(r"\b(?:hint|solution)\(")
+
+
+def live_hint_calls(cells) -> list:
+    """(cell index, line) of each uncommented code line that calls ``hint(`` or ``solution(``."""
+    return [(i, line) for i, cell in enumerate(cells) if cell.cell_type == "code"
+            for line in cell.source.splitlines()
+            if HINT_OR_SOLUTION.search(line) and not line.lstrip().startswith("#")]
+
+
+def test_live_hint_calls_are_found():
+    cells = [nbformat.v4.new_code_cell("exercises.hint('shard')"),
+             nbformat.v4.new_code_cell("# exercises.hint('shard')\n  exercises.solution(\"shard\")"),
+             nbformat.v4.new_markdown_cell("exercises.hint('shard') in prose is fine")]
+    assert live_hint_calls(cells) == [(0, "exercises.hint('shard')"), (1, '  exercises.solution("shard")')]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_run_all_prints_no_hint_and_no_solution(path):
+    # A hint or a solution shows only when the learner asks: its line is commented out until then.
+    cells = nbformat.read(path, as_version=4).cells
+    assert live_hint_calls(cells) == [], f"{path.name}: comment these lines out"

@@ -17,11 +17,16 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 #: Per question, text that gives the answer away: no cell before the question may hold it.
 GIVEAWAYS = {"01-all-reduce": ["= 10"], "03-set-epoch": ["train.start_epoch", "sampler_demo"],
              "04-allreduces": ["train.micro_step", 'diff("forward-outside-no-sync")'],
-             "07-buckets": ["ddp_lab(", "7 all-reduces"]}
+             "07-buckets": ["ddp_lab(", "7 all-reduces"],
+             "08-uneven": ["Timed out waiting", "Nothing crashes", "--no-join", "hang, and", "batches hang"],
+             "09-monitored": ["names the first one", "monitored=True", "failed to pass"]}
 #: A value each question's measurement could give.
 MEASURED = {"01-all-reduce": 10.0, "01-wrong-world-size": [0, 1], "02-default-buckets": 2,
             "03-set-epoch": True, "03-padding": 2, "04-allreduces": 8, "05-dead-peer": (0.05, 60.0),
-            "07-buckets": 7, "10-zero-state": 16384 / 18696, "11-exact-w3": (1.5e-08, 4.2e-08)}
+            "07-buckets": 7,
+            "08-uneven": (False, "RuntimeError: [...] Timed out waiting 5000ms for recv operation to complete"),
+            "09-monitored": ("RuntimeError: [Rank 0]: Rank 1 failed to pass monitoredBarrier in 2000 ms", 1),
+            "10-zero-state": 16384 / 18696, "11-exact-w3": (1.5e-08, 4.2e-08)}
 
 
 def test_every_question_asks_and_reveals_from_a_measurement(capsys):
@@ -58,6 +63,26 @@ def test_the_answer_follows_the_measurement_not_a_constant():
     assert predict.QUESTIONS["11-exact-w3"].answer((1e-3, 4.2e-08)) == "c"
     with pytest.raises(ValueError, match="no question"):
         predict.ask("99-nothing")
+
+
+@pytest.mark.parametrize("qid, measured, right, novices_wrong", [
+    ("08-uneven", (False, "RuntimeError: Timed out waiting 5000ms for recv operation"), "c", ["a", "b"]),
+    ("08-uneven", (True, None), "a", ["c"]),  # a run that finished (with Join, say) makes (c) wrong
+    ("08-uneven", (False, "RuntimeError: Connection closed by peer"), "b", ["a", "c"]),
+    ("09-monitored", ("[Rank 0]: Rank 1 failed to pass monitoredBarrier in 2000 ms", 1), "b", ["a", "c", "rank 1"]),
+    ("09-monitored", ("Timed out waiting 2000ms for recv operation to complete", 1), "c", ["b"]),
+    ("09-monitored", ("[Rank 0]: barrier timed out", 1), "a", ["b"]),
+])
+def test_the_08_and_09_answers_come_from_the_errors_measured(qid, measured, right, novices_wrong):
+    assert predict.QUESTIONS[qid].answer(measured) == right
+    assert predict.reveal(qid, right.upper(), measured).correct is True
+    for wrong in novices_wrong:
+        assert predict.reveal(qid, wrong, measured).correct is False
+
+
+def test_the_zero_state_choices_do_not_explain_the_mechanism():
+    # The mechanism (whole tensors) is the reveal's to say, not a choice's.
+    assert not any("whole" in c or "cut" in c or "copy" in c for c in predict.QUESTIONS["10-zero-state"].choices.values())
 
 
 @pytest.mark.parametrize("measured, letter", [

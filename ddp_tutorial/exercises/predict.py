@@ -126,15 +126,51 @@ QUESTIONS: Dict[str, Question] = {
                 "timeout helps."),
 }
 
+# Notebooks 08 and 09: uneven inputs without Join, and whom monitored_barrier names.
+def _uneven_choice(measured: Tuple[bool, Optional[str]]) -> str:
+    """(the launch finished, the first failing rank's error line or None) -> letter."""
+    finished, error = measured
+    if finished:
+        return "a"
+    return "c" if error is not None and "Timed out" in error else "b"
+
+
+def _monitored_choice(measured: Tuple[str, int]) -> str:
+    """(the error rank 0 raised, the rank that never arrived) -> letter."""
+    error, missing = measured
+    if f"Rank {missing} failed to pass monitoredBarrier" in error:
+        return "b"
+    return "a" if "Rank " in error else "c"  # names a rank, but not the missing one: rank 0 itself
+
+
+QUESTIONS["08-uneven"] = Question(
+    "08", "my_choice", "2 ranks train with DDP and no Join: rank 0 has 4 batches, rank 1 has 6. The script set a 5 s "
+          "process-group timeout. What happens after rank 0's 4th batch?",
+    choices={"a": "rank 1 trains its last 2 batches alone, and both finish",
+             "b": "rank 1 gets an error at once in its 5th batch: its partner is gone",
+             "c": "nothing moves until the 5 s timeout ends the job with an error"},
+    answer=_uneven_choice,
+    explain="Every backward of DDP is an all-reduce that all ranks must join. Rank 0 is alive, waiting at the "
+            "final barrier, so rank 1's all-reduce has no partner and no error either: the two wait on "
+            "each other until the timeout.")
+QUESTIONS["09-monitored"] = Question(
+    "09", "my_choice", "Rank 1 of 2 never reaches the barrier. Rank 0 waits in dist.monitored_barrier(timeout=2 s) "
+          "instead of dist.barrier(). Which rank does rank 0's error name?",
+    choices={"a": "rank 0: the rank that raised", "b": "rank 1: the rank that did not arrive",
+             "c": "none: like barrier, it says only that a receive timed out"},
+    answer=_monitored_choice,
+    explain="monitored_barrier has rank 0 wait for each other rank in turn, so rank 0 knows which one did not "
+            "answer in time and names it; a plain barrier is one collective, and its error knows only that "
+            "a receive timed out.")
+
 # Notebook 10: ZeroRedundancyOptimizer hands out whole tensors.
 QUESTIONS["10-zero-state"] = Question(
     "10", "my_choice", "2 ranks, the wide model (64 -> 256 -> 8: tensors of 16,384, 2,048, 256 and 8 elements) with "
           "ZeroRedundancyOptimizer(Adam). What share of DDP's Adam state does rank 0 hold?",
-    choices={"a": "half: every tensor is cut in two", "b": "much more than half: whole tensors are handed out",
-             "c": "all of it: rank 0 keeps a full copy"},
+    choices={"a": "about half", "b": "much more than half", "c": "all of it"},
     answer=lambda share: "a" if abs(share - 0.5) < 0.01 else "b" if share < 0.999 else "c",
     explain="ZeroRedundancyOptimizer hands out whole parameters, largest first, each to the rank with the "
-            "fewest elements so far: the 16,384-element weight goes to rank 0 alone (88% of the elements), "
+            "fewest elements so far: the 16,384-element weight goes to rank 0 alone (the share printed above), "
             "the other three to rank 1. FSDP2 cuts every tensor instead, and each rank holds exactly half.")
 
 

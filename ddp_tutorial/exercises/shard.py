@@ -51,8 +51,9 @@ CONSOLIDATE_IS_COLLECTIVE = ("it is a collective: every shard but the target's o
 
 HINT = ("optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=shard.LR): "
         "it builds an Adam of its own for this rank's share of the parameters and passes lr= on to it. "
-        "Before saving: optimizer.consolidate_state_dict(to=0) on every rank (it is a collective: each rank "
-        "sends its shard to rank 0), then optimizer.state_dict() on rank 0 only.")
+        "Before saving: optimizer.consolidate_state_dict(to=0) on every rank (it is a collective: each rank other "
+        "than 0 broadcasts its shard, and every rank takes part in each broadcast), then optimizer.state_dict() "
+        "on rank 0 only.")
 
 
 def checkpoint_path() -> str:

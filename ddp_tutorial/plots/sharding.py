@@ -48,21 +48,24 @@ def plot_memory_per_rank(table: dict, model: str = "wide", ax: Optional[plt.Axes
 
 
 def plot_comm_per_step(comm: dict, ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
-    """Stacked bars: per strategy, the bytes each rank sends in one step (ring algorithms), by collective.
+    """Stacked bars: per strategy, the bus bytes of one step (nccl-tests' rule), by collective.
+
+    The legend sits right of the axes, where it covers no bar.
 
     Args:
         comm: ``lessons.sharding.comm_per_step(run)``.
         ax: axes to draw on (new figure if None).
         title: the title.
     """
-    ax = new_axes(ax, figsize=(7, 3.2))
+    ax = new_axes(ax, figsize=(8.5, 3.2))
     labelled = set()
     for i, ops in enumerate(comm.values()):
         _stacked_bar(ax, i, {op: (row["bus_bytes"] / 1024, _OP_COLORS.get(op, "grey")) for op, row in ops.items()},
                      labelled)
     ax.set_xticks(range(len(comm)), list(comm), fontsize="small")
-    return finish_axes(ax, "strategy", "KiB sent per rank per step",
-                       title or "Bytes each rank sends per training step (ring algorithms)")
+    return finish_axes(ax, "strategy", "bus KiB per step",
+                       title or "Bus bytes per training step (nccl-tests' rule)", loc="upper left",
+                       bbox_to_anchor=(1.01, 1.0))
 
 
 def plot_compressed_loss(summary: dict, ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:

@@ -27,7 +27,7 @@ try:
             task.loss_fn(model(x), y).backward()
             optimizer.step()  # steps this rank's share, then broadcasts the updated parameters
 
-    optimizer.consolidate_state_dict(to=0)  # a collective: every rank sends its shard to rank 0
+    optimizer.consolidate_state_dict(to=0)  # a collective: one broadcast per other rank's shard, all ranks take part
     if rank == 0:
         torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
                    shard.checkpoint_path())

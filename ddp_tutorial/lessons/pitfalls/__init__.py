@@ -25,7 +25,7 @@ from ddp_tutorial.lessons.pitfalls.common import (  # noqa: F401
 from ddp_tutorial.lessons.pitfalls.batchnorm import (  # noqa: F401
     BATCHNORM_VARIANTS, batchnorm_summary, format_batchnorm, format_broadcast_buffers)
 from ddp_tutorial.lessons.pitfalls.unused import (  # noqa: F401
-    format_unused_cost, format_unused_error, format_unused_fixes, paired_cost, timing_stats,
+    format_unused_cost, format_unused_error, format_unused_fixes, format_unused_verdict, paired_cost, timing_stats,
     unused_indices, unused_summary)
 from ddp_tutorial.lessons.pitfalls.checkpoint import (  # noqa: F401
     checkpoint_summary, format_checkpoint)

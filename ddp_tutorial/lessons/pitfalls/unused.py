@@ -55,6 +55,7 @@ def unused_summary(run: Run) -> dict:
         "unused_params": [names[i] for i in unused_indices(err["message"])], "param_names": names,
         **fixes,
         "static_graph_error": part(run, "unused", "static_graph_error")["first_line"],
+        "static_graph_message": part(run, "unused", "static_graph_error")["message"],
         "cost": {"layers": cost[0]["layers"],
                  "cpu": {v: timing_stats([t for rec in cost.values() for t in rec["cpu_s"][v]]) for v in variants},
                  "wall": {v: timing_stats([t for rec in cost.values() for t in rec["wall_s"][v]]) for v in variants},
@@ -70,15 +71,37 @@ def format_unused_error(summary: dict) -> str:
             f"{wrapped}\n\nparameter indices in the message -> names: {', '.join(summary['unused_params'])}")
 
 
+FIX_SETTINGS = {"find_unused": "find_unused_parameters=True", "static_graph": "static_graph=True"}
+SCHEDULES = {"alternate": "the aux head on even steps only", "never": "the aux head never used",
+             "always": "the aux head on every step"}
+
+
 def format_unused_fixes(summary: dict) -> str:
-    """Per fix: which parameters had no gradient per step, and the match with one process."""
+    """Per fix: which parameters had no gradient at each step, the match with one process, and
+    static_graph's own error on the alternating head, in full."""
     lines = []
-    for name in ("find_unused", "static_graph"):
+    for name, setting in FIX_SETTINGS.items():
         f = summary[name]
-        skipped = ["-" if not names else "+".join(n.split(".")[0] for n in names) for names in f["without_grad"]]
-        lines.append(f"{name:<13} schedule '{f['schedule']}': no gradient per step: {' '.join(skipped)}; "
-                     f"ranks identical: {f['ranks_agree']}; vs one process: {f['max_diff_reference']:.1e}")
-    lines.append(f"static_graph on the alternating schedule: {summary['static_graph_error'][:160]}...")
+        lines.append(f"DDP(model, {setting}), {SCHEDULES.get(f['schedule'], f['schedule'])}:")
+        per_step = [f"{step}: {', '.join(names) if names else 'none'}" for step, names in enumerate(f["without_grad"])]
+        lines.append(textwrap.fill("parameters left without a gradient, per step: " + "; ".join(per_step), 100,
+                                   initial_indent="  ", subsequent_indent="    "))
+        lines.append(f"  every rank holds the same parameters: {f['ranks_agree']}; largest difference from one "
+                     f"process on the global batch: {f['max_diff_reference']:.1e}")
+    lines.append(f"DDP(model, static_graph=True), {SCHEDULES['alternate']}, fails:")
+    lines += [textwrap.fill(line, 100, initial_indent="  ", subsequent_indent="  ")
+              for line in summary["static_graph_message"].splitlines() if line.strip()]
+    return "\n".join(lines)
+
+
+def format_unused_verdict(summary: dict) -> str:
+    """What this run measured of each flag's extra cost: the numbers the text around it must not invent."""
+    lines = []
+    for flag, p in summary["cost"]["paired_cpu"].items():
+        w = summary["cost"]["paired_wall"][flag]
+        lines.append(f"{flag} in this run: {100 * p['relative']:+.1f} % CPU per step (median of the paired "
+                     f"differences), slower in {100 * p['slower_fraction']:.0f} % of {p['steps']} paired steps "
+                     f"by CPU time, in {100 * w['slower_fraction']:.0f} % by the wall clock")
     return "\n".join(lines)
 
 

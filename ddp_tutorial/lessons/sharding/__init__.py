@@ -131,9 +131,15 @@ def greedy_partition(sizes: Dict[str, int], world_size: int) -> List[List[str]]:
 
 # -- 2./3. Communication -----------------------------------------------------------
 def bus_factor(op: str, world_size: int) -> float:
-    """Bytes each rank sends per byte of the full tensor, for ring algorithms (nccl-tests' busbw rule):
-    all-reduce 2(W-1)/W (a reduce-scatter then an all-gather); all-gather, reduce-scatter and
-    broadcast (W-1)/W."""
+    """Bus bytes per byte of the full tensor, by nccl-tests' rule (its doc/PERFORMANCE.md, "Bus bandwidth").
+
+    all-reduce 2(W-1)/W (a reduce-scatter then an all-gather); all-gather and reduce-scatter (W-1)/W;
+    broadcast 1: in a ring or chain broadcast every link but one carries the whole tensor, so the
+    busiest rank sends all of it (averaged over the ranks it would be (W-1)/W, but the time is set
+    by the busiest link).
+    """
+    if op == "broadcast":
+        return 1.0
     return (2 if op == "all_reduce" else 1) * (world_size - 1) / world_size
 
 
@@ -167,14 +173,14 @@ def comm_totals(comm: dict) -> Dict[str, dict]:
 
 
 def format_comm(comm: dict) -> str:
-    lines = [f"{'strategy':<41}{'collective':<23}{'calls':>6}{'bytes (full tensors)':>22}{'ring bytes sent/rank':>22}"]
+    lines = [f"{'strategy':<41}{'collective':<23}{'calls':>6}{'bytes (full tensors)':>22}{'bus bytes':>22}"]
     for strategy, ops in comm.items():
         for op, row in ops.items():
             lines.append(f"{STRATEGIES[strategy]:<41}{op:<23}{row['calls']:>6}{row['bytes']:>22,}"
                          f"{row['bus_bytes']:>22,.0f}")
     totals = comm_totals(comm)
     base = totals["ddp"]["bus_bytes"]
-    lines.append("ring bytes sent per rank, against DDP: " + ", ".join(
+    lines.append("bus bytes (nccl-tests' rule), against DDP: " + ", ".join(
         f"{STRATEGIES[s].split(' (')[0]} {t['bus_bytes'] / base:.2f}x" for s, t in totals.items()))
     return "\n".join(lines)
 
@@ -218,7 +224,7 @@ def compress_summary(run: Run, rank: int = 0) -> dict:
     """Per hook: all-reduce bytes and dtype per step, the loss curve, and the distance to fp32 at the end."""
     rec = _one(run, "compress")[rank]
     out = {"steps": rec["steps"], "model_elements": rec["model_elements"],
-           "bf16_compress_hook_refused": rec["bf16_compress_hook_refused"], "hooks": {}}
+           "bf16_compress_hook_refused": rec["bf16_compress_hook_refused"], "build": rec["build"], "hooks": {}}
     for name, calls in rec["collectives"].items():
         per_step = [sum(c["bytes"] for c in step) for step in calls]
         losses = rec["losses"][name]
@@ -227,6 +233,35 @@ def compress_summary(run: Run, rank: int = 0) -> dict:
                               "losses": losses, "digest": rec["digests"][name],
                               "max_diff_vs_fp32": rec["max_diff_vs_fp32"][name]}
     return out
+
+
+def bf16_hook_accepted(build: dict) -> bool:
+    """Whether ``DDP.register_comm_hook`` accepts ``bf16_compress_hook`` on the torch build ``build``.
+
+    torch 2.13's rule (``DistributedDataParallel._check_comm_hook``, checked by the hook's name): a CUDA
+    or ROCm build (``torch.version.cuda`` or ``.hip`` set) whose NCCL is 2.10 or newer, or an XPU build
+    with XCCL and an XPU. Whether a GPU is present does not enter: the CUDA wheel ``pip install torch``
+    gives on Linux accepts it on a CPU-only machine; the ``+cpu`` wheel refuses it.
+
+    Args:
+        build: what the lab's ranks read from their torch: ``cuda``, ``hip``, ``nccl_available``,
+            ``nccl_version`` (a list, or None), ``xccl_available``, ``xpu_available``.
+    """
+    cuda_or_rocm = build["cuda"] is not None or build["hip"] is not None
+    nccl = bool(build["nccl_available"]) and tuple(build["nccl_version"] or ()) >= (2, 10)
+    xpu = bool(build["xccl_available"]) and bool(build["xpu_available"])
+    return (cuda_or_rocm and nccl) or xpu
+
+
+def format_bf16_build(summary: dict) -> str:
+    """One line: what this build is, what torch's rule expects, and what ``register_comm_hook`` did."""
+    b = summary["build"]
+    nccl = ".".join(map(str, b["nccl_version"])) if b["nccl_version"] else "none"
+    said = summary["bf16_compress_hook_refused"]
+    return (f"torch {b['torch']}: CUDA {b['cuda'] or 'none'}, ROCm {b['hip'] or 'none'}, NCCL {nccl}, "
+            f"XPU with XCCL {bool(b['xccl_available'] and b['xpu_available'])} -> the rule "
+            f"{'accepts' if bf16_hook_accepted(b) else 'refuses'} bf16_compress_hook; "
+            f"register_comm_hook " + (f"refused it: {said}" if said else "accepted it"))
 
 
 def loss_gap(summary: dict, name: str, base: str = "allreduce_hook (fp32)") -> float:
@@ -253,9 +288,12 @@ def per_parameter_bytes(params: float, grads: float, state: float, world_size: i
             "ZeRO-2": params + (grads + state) / n, "FSDP (ZeRO-3)": (params + grads + state) / n}
 
 
-def calculator(model_params: Sequence[float], devices: int, memory_gb: float,
+GIB = 2 ** 30  # an "80 GB" GPU holds 80 GiB: memory is sold in powers of two
+
+
+def calculator(model_params: Sequence[float], devices: int, memory_gib: float,
                per_param: Dict[str, float]) -> List[dict]:
-    """Which strategies fit a model of Ψ parameters on ``devices`` devices of ``memory_gb`` GB each.
+    """Which strategies fit a model of Ψ parameters on ``devices`` devices of ``memory_gib`` GiB each.
 
     A projection, not a measurement: it multiplies bytes per parameter (``per_param``:
     parameters, gradients, state, e.g. measured by ``bytes_per_parameter``) by Ψ and
@@ -267,19 +305,19 @@ def calculator(model_params: Sequence[float], devices: int, memory_gb: float,
         per_device = per_parameter_bytes(per_param["param_bytes"], per_param["grad_bytes"],
                                          per_param["state_bytes"], devices)
         for strategy, b in per_device.items():
-            gb = psi * b / 1e9
-            rows.append({"params": psi, "strategy": strategy, "bytes_per_param": b, "gb_per_device": gb,
-                         "fits": gb <= memory_gb})
+            gib = psi * b / GIB
+            rows.append({"params": psi, "strategy": strategy, "bytes_per_param": b, "gib_per_device": gib,
+                         "fits": gib <= memory_gib})
     return rows
 
 
-def format_calculator(rows: List[dict], devices: int, memory_gb: float, title: str = "") -> str:
+def format_calculator(rows: List[dict], devices: int, memory_gib: float, title: str = "") -> str:
     lines = [title] if title else []
-    lines.append(f"{'model':>8}  {'strategy':<15}{'bytes/param':>12}{f'GB per device (of {memory_gb:g})':>28}"
+    lines.append(f"{'model':>8}  {'strategy':<15}{'bytes/param':>12}{f'GiB per device (of {memory_gib:g})':>28}"
                  f"  fits on {devices}?")
     for r in rows:
         lines.append(f"{_human(r['params']):>8}  {r['strategy']:<15}{r['bytes_per_param']:>12.2f}"
-                     f"{r['gb_per_device']:>28.1f}  {'yes' if r['fits'] else 'no'}")
+                     f"{r['gib_per_device']:>28.1f}  {'yes' if r['fits'] else 'no'}")
     return "\n".join(lines)
 
 
@@ -288,7 +326,8 @@ def _human(n: float) -> str:
 
 
 def ring_ratio(world_size: int) -> float:
-    """The papers' FSDP/DDP traffic ratio: (2 all-gathers + 1 reduce-scatter) / 1 all-reduce, in ring bytes."""
+    """The ZeRO paper's FSDP/DDP traffic ratio (its section 7.2.2: 3Ψ against 2Ψ): (2 all-gathers +
+    1 reduce-scatter) / 1 all-reduce, in bus bytes."""
     return 3 * bus_factor("all_gather_single", world_size) / bus_factor("all_reduce", world_size)
 
 

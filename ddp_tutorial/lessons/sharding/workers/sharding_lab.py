@@ -29,6 +29,7 @@ import os
 import sys
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -251,9 +252,10 @@ def part_fsdp(args, rank, world_size):
 def bf16_hook(process_group, bucket):
     """``bf16_compress_hook``'s own body under another name.
 
-    ``DDP.register_comm_hook`` refuses ``bf16_compress_hook`` by its name unless
-    CUDA and NCCL >= 2.10 are there (``_check_comm_hook``); gloo on CPU
-    all-reduces bfloat16 all the same, so the kit calls the same function.
+    ``DDP.register_comm_hook`` refuses ``bf16_compress_hook`` by its name unless the
+    build has CUDA (or ROCm) and NCCL >= 2.10, or XPU and XCCL (``_check_comm_hook``);
+    gloo on CPU all-reduces bfloat16 all the same, so the kit calls the same function
+    on every build, and records what the named hook got (``bf16_refusal``).
     """
     return default_hooks._compress_hook(torch.bfloat16, process_group, bucket)
 
@@ -269,6 +271,15 @@ def bf16_refusal() -> str:
     except TypeError as err:
         return str(err)
     return ""
+
+
+def build_facts() -> dict:
+    """What ``_check_comm_hook`` reads to decide on ``bf16_compress_hook``: this torch's build, not its devices."""
+    nccl = dist.is_nccl_available()
+    xccl = hasattr(dist, "is_xccl_available") and dist.is_xccl_available()
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "hip": torch.version.hip,
+            "nccl_available": nccl, "nccl_version": list(torch.cuda.nccl.version()) if nccl else None,
+            "xccl_available": xccl, "xpu_available": bool(xccl and torch.xpu.is_available())}
 
 
 def part_compress(args, rank, world_size):
@@ -297,7 +308,8 @@ def part_compress(args, rank, world_size):
     report({"part": "compress", "steps": args.compress_steps, "losses": losses, "collectives": calls,
             "digests": {name: digest(p) for name, p in params.items()},
             "max_diff_vs_fp32": {name: max_diff(p, params[base]) for name, p in params.items()},
-            "model_elements": sum(p.numel() for p in params[base]), "bf16_compress_hook_refused": bf16_refusal()})
+            "model_elements": sum(p.numel() for p in params[base]), "bf16_compress_hook_refused": bf16_refusal(),
+            "build": build_facts()})
 
 
 def parser():
