@@ -265,8 +265,8 @@ def runs_of(exercise: str) -> int:
 
 
 def wall_limit(exercise: str, timeout: float) -> float:
-    """The grader's own deadline for a whole check: its runs, plus starting Python, torch and the ranks."""
-    return runs_of(exercise) * timeout + max(60.0, timeout)
+    """The grader's own deadline for a whole check: its runs, plus starting Python and importing torch."""
+    return runs_of(exercise) * timeout + 120.0
 
 
 class _Capped:
@@ -308,6 +308,18 @@ def sandbox_command() -> List[str]:
             "--net", "--mount-proc", "--", sys.executable, "-m", "ddp_tutorial.grade.sandbox"]
 
 
+#: The sandboxes running now: an interrupted grader stops them all at once.
+_RUNNING: Dict[int, subprocess.Popen] = {}
+
+
+def stop_all_sandboxes() -> None:
+    for process in list(_RUNNING.values()):
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def check_in_sandbox(learner: str, exercise: str, source: bytes, timeout: float, uid: int, limits: Limits,
                      hide: Sequence[str], keep: Sequence[str]) -> Outcome:
     """``exercises.check`` one file in a fresh sandbox (``sandbox.py``); never raises for what the file does."""
@@ -321,6 +333,7 @@ def check_in_sandbox(learner: str, exercise: str, source: bytes, timeout: float,
     process = subprocess.Popen(sandbox_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, pass_fds=(write_end,), start_new_session=True,
                                cwd="/", env={**os.environ, "PYTHONPATH": str(KIT_ROOT)})
+    _RUNNING[process.pid] = process
     os.close(write_end)
     output = _Capped(process.stdout, limits.output_bytes)
     result = _Capped(os.fdopen(read_end, "rb"), 8 << 20)
@@ -338,6 +351,7 @@ def check_in_sandbox(learner: str, exercise: str, source: bytes, timeout: float,
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+        _RUNNING.pop(process.pid, None)
     log = output.text()
     seconds = time.monotonic() - t0
     try:
@@ -372,7 +386,10 @@ def _judged(learner: str, exercise: str, data: dict, seconds: float, log: str) -
     if data.get("passed") and not failed:
         return Outcome(learner, exercise, PASSED, "", criteria, seconds, log=log)
     first = failed[0] if failed else next(c for c in criteria if not c[1])
-    summary = f"{first[0]}: {first[2].splitlines()[0] if first[2] else ''}"
+    lines = [line.strip() for line in first[2].splitlines() if line.strip()]
+    summary = f"{first[0]}: {lines[0] if lines else ''}"
+    if len(lines) > 1 and lines[0].endswith(":"):  # "... the end of its traceback:": the error is its last line
+        summary += f" {lines[-1]}"
     if any(c[2].startswith(DEADLINE) for c in failed):
         status = TIMED_OUT
     elif criteria and not criteria[0][1]:  # every judge's first criterion: the script ran to its end
@@ -480,16 +497,21 @@ def grade(submissions_root, out="grades", jobs: int = 1, timeout: float = 60.0,
         finally:
             slots.put(slot)
 
+    pool = ThreadPoolExecutor(max_workers=jobs)
     try:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(one, item) for item in fresh]
-            for future in as_completed(futures):
-                (learner, exercise, _, key), outcome = future.result()
-                outcomes[learner, exercise] = outcome
-                cache.put(outcome, key)
-                done += 1
-                print(f"[{done}/{total}] {learner} · {exercise}: {_cell_text(outcome)} ({outcome.seconds:.0f} s)",
-                      flush=True)
+        futures = [pool.submit(one, item) for item in fresh]
+        for future in as_completed(futures):
+            (learner, exercise, _, key), outcome = future.result()
+            outcomes[learner, exercise] = outcome
+            cache.put(outcome, key)
+            done += 1
+            print(f"[{done}/{total}] {learner} · {exercise}: {_cell_text(outcome)} ({outcome.seconds:.0f} s)",
+                  flush=True)
+        pool.shutdown()
+    except BaseException:  # Ctrl-C: no check starts any more, and the running ones stop now
+        pool.shutdown(wait=False, cancel_futures=True)
+        stop_all_sandboxes()
+        raise
     finally:  # interrupted or not: what is known so far goes into the report
         ordered = [outcomes.get((s.learner, e)) or Outcome(s.learner, e, "not checked", "grading was interrupted")
                    for s in subs for e in NAMES]
