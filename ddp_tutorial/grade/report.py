@@ -19,7 +19,7 @@ from typing import Dict, List, Sequence
 
 from ddp_tutorial.exercises import NAMES
 
-MARK = {"passed": "✓", "failed": "✗", "crashed": "✗ crashed", "timed out": "⏱ timed out",
+MARK = {"passed": "✓", "failed": "✗", "crashed": "✗ crashed", "timed out": "✗ timed out",
         "not submitted": "—", "not graded": "not graded", "not checked": "not checked"}
 STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ccc;padding:.3em .5em;vertical-align:top}
@@ -98,7 +98,8 @@ def html_report(subs, outcomes, seconds: float, settings: Dict) -> str:
                  + (f"; skipped: {esc(', '.join(sub.skipped))}" if sub.skipped else "") + "</p>"]
         for exercise in NAMES:
             o = by[sub.learner, exercise]
-            head = f"<h4>{esc(exercise)}: {esc(MARK.get(o.status, o.status))} {esc(o.status)}"
+            mark = MARK.get(o.status, o.status)
+            head = f"<h4>{esc(exercise)}: {esc(mark if o.status in mark else mark + ' ' + o.status)}"
             head += f" <small>({o.seconds:.0f} s{', from the cache' if o.cached else ''})</small></h4>" if o.seconds else "</h4>"
             parts.append(head)
             if o.criteria:
@@ -121,7 +122,7 @@ def html_report(subs, outcomes, seconds: float, settings: Dict) -> str:
 <h1>Exercise results: {len(subs)} learners</h1>
 <p>Graded {esc(when)} in {seconds:.0f} s; each run's deadline {settings['timeout']:g} s; kit {esc(settings['kit'])}.
 ✓ passed; ✗ a criterion failed (its first line below the mark); ✗ crashed: the script stopped with an error on
-a rank; ⏱ timed out; — not submitted. Each mark links to the learner's section.</p>
+a rank; ✗ timed out: stopped at the deadline; — not submitted. Each mark links to the learner's section.</p>
 <table><tr><th>learner</th>{''.join(f'<th>{esc(e)}</th>' for e in NAMES)}</tr>
 {chr(10).join(rows)}</table>
 <h2>Per exercise</h2><ul>{summary}</ul>
