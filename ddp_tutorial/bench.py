@@ -5,6 +5,7 @@
     python -m ddp_tutorial.bench --out runs/bench
     python -m ddp_tutorial.bench --notebooks 5 --busy-core 2   # only the notebook suite, 5 rounds
     python -m ddp_tutorial.bench --sharding   # only notebook 10's measurements: DDP, ZeRO-1, FSDP2, compression
+    python -m ddp_tutorial.bench --grade      # only the grader: a class of 30 x 7 files, one check at a time, then 2
 
 It prints one table: the all-reduce sweep and its α-β fit, buckets, overlap,
 accumulation, the scaling projection, and the kit's own speed as ratios measured
@@ -261,7 +262,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--sharding", action="store_true",
                         help="alone: skip the rest and print notebook 10's measurements on 2 ranks: bytes "
                              "held per rank and sent per step under DDP, ZeRO-1 and FSDP2, compressed gradients")
+    parser.add_argument("--grade", nargs="?", type=_positive_int, const=30, default=None, metavar="LEARNERS",
+                        help="alone: skip the rest and grade a generated class (30 learners x 7 exercises by "
+                             "default) with --jobs 1, then 2 (needs root: see docs/grading.md)")
+    parser.add_argument("--grade-jobs", default="1,2", metavar="N,N",
+                        help="with --grade: the --jobs values to compare (default: 1,2)")
     args = parser.parse_args(argv)
+    if args.grade is not None:
+        from ddp_tutorial.grade import classbench  # only here: the rest of the bench does not need it
+
+        rows = classbench.run(args.grade, [int(n) for n in args.grade_jobs.split(",")])
+        print(classbench.format_rows(rows), flush=True)
+        return 0
     if args.sharding:
         if args.quick or args.out or args.notebooks is not None or args.busy_core:
             parser.error("--sharding goes alone")

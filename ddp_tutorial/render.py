@@ -7,15 +7,40 @@ Each notebook runs top to bottom in a fresh kernel started in its own folder
 (as in JupyterLab), with nbconvert's executor; only the HTML is written, so the
 notebooks in git stay without outputs. A notebook with a failing cell is still
 rendered, past that cell, and the command names the cell and exits 1.
+
+Reference pages teach without telling: the exercises run in a scratch folder (never
+``notebooks/my_work/``), and what a hint, a solution or a check of the untouched
+skeleton prints is left out unless ``--answers`` asks for it. Each page is titled with
+its notebook's first heading and stands alone offline: formulas are rendered to MathML
+when the page is built (``latex2mathml``; browsers draw MathML themselves), and the
+page loads no script (no MathJax, require.js or widget manager from a CDN).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
+
+#: Cells whose output gives an answer away: a hint, a solution, a check of the learner's own (here: untouched) file.
+ANSWER_CELL = re.compile(r"exercises\.(hint|solution)\(|exercises\.check\(\s*[\"'][a-z_]+[\"']\s*\)")
+LEFT_OUT = ("(left out of the reference page: run this cell in the notebook; "
+            "python -m ddp_tutorial.render --answers includes it)")
+#: The lab template without the scripts it loads from CDNs (MathJax, require.js, widgets, mermaid).
+OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
+{% block html_head_js_requirejs %}{% endblock html_head_js_requirejs %}
+{% block jupyter_widgets %}{% endblock jupyter_widgets %}
+{% block html_head_js_mathjax %}{% endblock html_head_js_mathjax %}
+{% block html_head_js_mermaidjs %}{% endblock html_head_js_mermaidjs %}
+"""
+DISPLAY_MATH = re.compile(r"\$\$(.+?)\$\$", re.S)
+INLINE_MATH = re.compile(r"(?<![\\$])\$(?!\s)([^$\n]+?)(?<!\s)\$(?!\$)")
 
 
 def unexpected_errors(nb) -> List[str]:
@@ -30,7 +55,56 @@ def unexpected_errors(nb) -> List[str]:
     return found
 
 
-def render(notebooks: Sequence[Path], out: Path, timeout_per_cell: int = 300) -> List[Dict]:
+def title(nb) -> str:
+    """The notebook's first heading, as plain text (the page's <title>)."""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("#"):
+                    text = re.sub(r"[`*_]", "", line.lstrip("#").strip())
+                    return re.sub(r"\[([^]]*)\]\([^)]*\)", r"\1", text)
+    return "Notebook"
+
+
+def math_to_mathml(markdown: str) -> str:
+    """``$$...$$`` and ``$...$`` in a markdown cell as MathML, outside code spans and fenced code."""
+    from latex2mathml.converter import convert
+
+    def convert_text(text: str) -> str:
+        text = DISPLAY_MATH.sub(lambda m: "\n\n" + convert(m.group(1).strip(), display="block") + "\n\n", text)
+        return INLINE_MATH.sub(lambda m: convert(m.group(1)), text)
+
+    parts = re.split(r"(```.*?```|`[^`\n]*`)", markdown, flags=re.S)
+    return "".join(part if part.startswith("`") else convert_text(part) for part in parts)
+
+
+def leave_out_answers(nb) -> int:
+    """Replace the outputs of hint, solution and own-file check cells with one line; returns how many."""
+    import nbformat
+
+    count = 0
+    for cell in nb.cells:
+        if cell.cell_type == "code" and ANSWER_CELL.search(cell.source) and cell.get("outputs"):
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=LEFT_OUT + "\n")]
+            count += 1
+    return count
+
+
+def to_html(nb) -> str:
+    """The offline page: titled, math as MathML, no script from anywhere."""
+    from jinja2 import DictLoader
+    from nbconvert import HTMLExporter
+
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and "$" in cell.source:
+            cell.source = math_to_mathml(cell.source)
+    exporter = HTMLExporter(extra_loaders=[DictLoader({"offline.html.j2": OFFLINE_TEMPLATE})],
+                            template_file="offline.html.j2")
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title(nb)}})
+    return body
+
+
+def render(notebooks: Sequence[Path], out: Path, timeout_per_cell: int = 300, answers: bool = False) -> List[Dict]:
     """Execute each notebook and write ``<out>/<name>.html``; returns one row per notebook.
 
     Args:
@@ -38,38 +112,57 @@ def render(notebooks: Sequence[Path], out: Path, timeout_per_cell: int = 300) ->
         out: the folder for the HTML files (made if missing).
         timeout_per_cell: seconds one cell may run before it is stopped (the launches
             in the notebooks have deadlines of their own, well below this).
+        answers: keep what hints, solutions and checks of the (untouched) exercise files print.
 
     Returns:
         Rows of ``notebook``, ``html`` (the path), ``seconds``, ``ok`` (no unexpected
         error) and ``errors`` (each unexpected error, by cell).
     """
-    import nbformat  # nbconvert and nbformat come with jupyterlab
-    from nbconvert import HTMLExporter
-    from nbconvert.preprocessors import ExecutePreprocessor
-
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for path in map(Path, notebooks):
-        print(f"rendering {path.name} ...", flush=True)
-        t0 = time.perf_counter()
-        nb = nbformat.read(path, as_version=4)
-        # allow_errors: a failing cell still gives a page up to and past it, and is reported below.
-        runner = ExecutePreprocessor(timeout=timeout_per_cell, allow_errors=True)
-        try:
-            runner.preprocess(nb, {"metadata": {"path": str(path.resolve().parent)}})
-            errors = unexpected_errors(nb)
-        except Exception as exc:  # a cell past its timeout, a dead kernel: render what ran
-            errors = [f"{type(exc).__name__}: {exc}"[:300]]
-        html = out / f"{path.stem}.html"
-        body, _ = HTMLExporter().from_notebook_node(nb)
-        html.write_text(body, encoding="utf-8")
-        row = {"notebook": path.name, "html": str(html), "seconds": time.perf_counter() - t0,
-               "ok": not errors, "errors": errors}
-        print(f"  {'ok' if row['ok'] else 'FAILED'} in {row['seconds']:.0f} s -> {html}", flush=True)
-        for line in errors:
-            print(f"  {line}", flush=True)
-        rows.append(row)
+    scratch = Path(tempfile.mkdtemp(prefix="ddp-tutorial-render-"))
+    saved = {name: os.environ.get(name) for name in ("DDP_TUTORIAL_MY_WORK", "DDP_TUTORIAL_RUNS")}
+    try:
+        for path in map(Path, notebooks):
+            # Kernels inherit this environment: each notebook's exercises start from fresh skeletons here.
+            os.environ["DDP_TUTORIAL_MY_WORK"] = str(scratch / path.stem / "my_work")
+            os.environ["DDP_TUTORIAL_RUNS"] = str(scratch / path.stem / "runs")
+            rows.append(_render_one(path, out, timeout_per_cell, answers))
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        shutil.rmtree(scratch, ignore_errors=True)
     return rows
+
+
+def _render_one(path: Path, out: Path, timeout_per_cell: int, answers: bool) -> Dict:
+    """Execute one notebook and write its page; returns its row (see ``render``)."""
+    import nbformat  # nbconvert and nbformat come with jupyterlab
+    from nbconvert.preprocessors import ExecutePreprocessor
+
+    print(f"rendering {path.name} ...", flush=True)
+    t0 = time.perf_counter()
+    nb = nbformat.read(path, as_version=4)
+    # allow_errors: a failing cell still gives a page up to and past it, and is reported below.
+    runner = ExecutePreprocessor(timeout=timeout_per_cell, allow_errors=True)
+    try:
+        runner.preprocess(nb, {"metadata": {"path": str(path.resolve().parent)}})
+        errors = unexpected_errors(nb)
+    except Exception as exc:  # a cell past its timeout, a dead kernel: render what ran
+        errors = [f"{type(exc).__name__}: {exc}"[:300]]
+    left_out = 0 if answers else leave_out_answers(nb)
+    page = out / f"{path.stem}.html"
+    page.write_text(to_html(nb), encoding="utf-8")
+    row = {"notebook": path.name, "html": str(page), "seconds": time.perf_counter() - t0,
+           "ok": not errors, "errors": errors, "left_out": left_out}
+    print(f"  {'ok' if row['ok'] else 'FAILED'} in {row['seconds']:.0f} s -> {page}"
+          + (f" ({left_out} hint/solution/check outputs left out)" if left_out else ""), flush=True)
+    for line in errors:
+        print(f"  {line}", flush=True)
+    return row
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -78,6 +171,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="notebooks to render (default: every notebooks/*.ipynb, in order)")
     parser.add_argument("--out", type=Path, default=Path("rendered"), help="folder for the HTML (default: rendered)")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per cell (default: 300)")
+    parser.add_argument("--answers", action="store_true",
+                        help="keep what hints, solutions and checks of the exercise files print (a key for teachers)")
     args = parser.parse_args(argv)
     notebooks = args.notebooks or sorted(Path("notebooks").glob("[0-9]*.ipynb"))
     if not notebooks:
@@ -85,7 +180,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     missing = [str(nb) for nb in notebooks if not Path(nb).is_file()]
     if missing:
         parser.error(f"not found: {', '.join(missing)}")
-    rows = render(notebooks, args.out, args.timeout)
+    rows = render(notebooks, args.out, args.timeout, answers=args.answers)
     failed = [r["notebook"] for r in rows if not r["ok"]]
     total = sum(r["seconds"] for r in rows)
     print(f"{len(rows) - len(failed)} of {len(rows)} notebooks rendered to {args.out} in {total:.0f} s"

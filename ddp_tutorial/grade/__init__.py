@@ -1,0 +1,530 @@
+"""Grade a class: every learner's exercise files, each checked on real ranks in a sandbox of its own.
+
+    python -m ddp_tutorial.grade SUBMISSIONS [--out grades] [--jobs 1] [--timeout 60]
+
+SUBMISSIONS holds one folder (or one .zip) per learner, named for the learner,
+with the files ``exercises.start`` writes: ``init.py``, ``wrap.py``, ``sampler.py``,
+``no_sync.py``, ``teardown.py``, ``capstone.py``, ``shard.py`` (any subset). Each file
+goes through ``exercises.check``, as the learner's notebook runs it, inside a sandbox
+(``sandbox.py``): its own PID, mount and network namespaces, its own uid, a fresh
+folder, read-only everything else, and limits on time, memory, processes and output.
+The results go to ``--out``: ``report.html``, ``report.csv``, ``results.json``, and a
+cache that lets a second run check only what is new or changed. What the sandbox
+guarantees, and what it does not: docs/grading.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import queue
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from ddp_tutorial.exercises import NAMES
+
+FILES = {f"{name}.py": name for name in NAMES}
+#: A submitted file larger than this is not checked (a script for these exercises is a few KiB).
+MAX_FILE_BYTES = 1 << 20
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+KIT_ROOT = PACKAGE_ROOT.parent
+#: The sandboxes' uids: slot n (one per check running at once) runs as UID_BASE + n, a uid no one has.
+UID_BASE = 2_100_000_000
+#: How a run that hit its deadline is described by the check (``exercises.runs``).
+DEADLINE = "did not finish within"
+
+PASSED, FAILED, CRASHED, TIMED_OUT, NOT_SUBMITTED, REFUSED = (
+    "passed", "failed", "crashed", "timed out", "not submitted", "not graded")
+
+
+class LayoutError(ValueError):
+    """SUBMISSIONS is not laid out as the grader expects; the message says what was expected and found."""
+
+
+@dataclass
+class Limits:
+    """What one check may use. Per process: memory (RLIMIT_AS), file size, CPU; per check: processes
+    (RLIMIT_NPROC of the sandbox's own uid), the writable /tmp and /dev/shm (tmpfs sizes)."""
+
+    memory_bytes: int = 4 << 30
+    processes: int = 512
+    file_bytes: int = 64 << 20
+    cpu_seconds: int = 600
+    tmp_bytes: int = 512 << 20
+    shm_bytes: int = 256 << 20
+    output_bytes: int = 64 << 10
+
+
+@dataclass
+class Submission:
+    """One learner's files.
+
+    Attributes:
+        learner: the folder's (or zip's) name.
+        origin: the folder or zip it came from.
+        files: exercise -> the file's bytes.
+        refused: exercise -> why that file is not checked (a link, too large, unreadable).
+        skipped: what else was there, each with why it was skipped.
+    """
+
+    learner: str
+    origin: str
+    files: Dict[str, bytes] = field(default_factory=dict)
+    refused: Dict[str, str] = field(default_factory=dict)
+    skipped: List[str] = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    """One learner's result on one exercise: what the table, the CSV and the learner's section show."""
+
+    learner: str
+    exercise: str
+    status: str
+    summary: str = ""
+    criteria: List[list] = field(default_factory=list)
+    seconds: float = 0.0
+    cached: bool = False
+    log: str = ""
+
+
+# -- Reading the submissions ---------------------------------------------------------------------------
+def expected_layout(root) -> str:
+    return (f"expected {root}/<learner>/ (a folder, or <learner>.zip, per learner) holding any of "
+            f"{', '.join(FILES)}")
+
+
+def _read_file(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError("not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(MAX_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
+def _add(sub: Submission, name: str, data: Optional[bytes], why_not: Optional[str]) -> None:
+    exercise = FILES[name]
+    if why_not is None and data is not None and len(data) > MAX_FILE_BYTES:
+        why_not = f"larger than {MAX_FILE_BYTES >> 10} KiB"
+    if why_not is not None:
+        sub.refused[exercise] = f"{name}: {why_not}"
+    else:
+        sub.files[exercise] = data
+
+
+def _from_folder(folder: Path, learner: str) -> Submission:
+    sub = Submission(learner, str(folder))
+    entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    wrappers = [e for e in entries if e.is_dir(follow_symlinks=False)]
+    if not any(e.name in FILES for e in entries) and len(wrappers) == 1:
+        inner = _from_folder(Path(wrappers[0].path), learner)  # a zip's or a platform's one extra folder
+        inner.skipped = [e.name for e in entries if e is not wrappers[0]] + inner.skipped
+        inner.origin = str(folder)
+        return inner
+    for entry in entries:
+        if entry.name in FILES:
+            if entry.is_symlink():
+                _add(sub, entry.name, None, f"a symbolic link (to {os.readlink(entry.path)}), not a file: "
+                                            "submit the file itself")
+                continue
+            try:
+                _add(sub, entry.name, _read_file(Path(entry.path)), None)
+            except OSError as exc:
+                _add(sub, entry.name, None, f"cannot be read ({exc.strerror or exc})")
+        else:
+            kind = ("a symbolic link" if entry.is_symlink() else "a folder" if entry.is_dir() else
+                    "not an exercise file")
+            sub.skipped.append(f"{entry.name} ({kind})")
+    return sub
+
+
+def _from_zip(path: Path, learner: str) -> Submission:
+    sub = Submission(learner, str(path))
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = [m for m in archive.infolist() if not m.is_dir()]
+            tops = {m.filename.split("/")[0] for m in members}
+            prefix = ""
+            if len(tops) == 1 and all("/" in m.filename for m in members):
+                prefix = next(iter(tops)) + "/"  # one folder around everything
+            for member in members:
+                name = member.filename[len(prefix):] if member.filename.startswith(prefix) else member.filename
+                if name not in FILES:
+                    sub.skipped.append(f"{member.filename} (not an exercise file)")
+                    continue
+                if stat.S_ISLNK(member.external_attr >> 16):
+                    _add(sub, name, None, "a symbolic link, not a file: submit the file itself")
+                    continue
+                if member.file_size > MAX_FILE_BYTES:
+                    _add(sub, name, None, f"larger than {MAX_FILE_BYTES >> 10} KiB")
+                    continue
+                with archive.open(member) as f:
+                    _add(sub, name, f.read(MAX_FILE_BYTES + 1), None)
+    except (zipfile.BadZipFile, OSError) as exc:
+        sub.skipped.append(f"{path.name} (not a readable zip: {exc})")
+    return sub
+
+
+def collect(root) -> List[Submission]:
+    """Every learner's submission under ``root``, sorted by name.
+
+    Raises:
+        LayoutError: ``root`` is not a folder of learner folders or zips, or no learner submitted anything.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise LayoutError(f"{root} is not a folder: {expected_layout(root)}")
+    entries = sorted(os.scandir(root), key=lambda e: (e.name.casefold(), e.name))
+    loose = [e.name for e in entries if e.name in FILES]
+    if loose:
+        raise LayoutError(f"{expected_layout(root)}; found exercise files directly in {root}: {', '.join(loose)}. "
+                          f"Is this one learner's folder? Put it in a folder named for the learner.")
+    submissions, others = [], []
+    for entry in entries:
+        if entry.is_symlink():
+            others.append(f"{entry.name} (a symbolic link, not followed)")
+        elif entry.is_dir():
+            submissions.append(_from_folder(Path(entry.path), entry.name))
+        elif entry.name.lower().endswith(".zip"):
+            submissions.append(_from_zip(Path(entry.path), entry.name[:-4]))
+        else:
+            others.append(f"{entry.name} (not a folder or a .zip)")
+    names = [s.learner for s in submissions]
+    for sub in submissions:
+        if names.count(sub.learner) > 1 and sub.origin.endswith(".zip"):
+            sub.learner += ".zip"
+    if not any(s.files or s.refused for s in submissions):
+        found = ", ".join([f"{s.learner}/ ({', '.join(s.skipped[:4]) or 'empty'})" for s in submissions[:4]]
+                          + others[:4]) or "nothing"
+        raise LayoutError(f"{expected_layout(root)}; found no exercise file in any learner's folder. Found: {found}")
+    for other in others:
+        print(f"skipped {root / other}", flush=True)
+    return submissions
+
+
+# -- The kit's version, and the cache --------------------------------------------------------------------
+def kit_version() -> str:
+    """A hash of every source file of the package: a changed judge, harness or launcher re-checks everything."""
+    digest = hashlib.sha256()
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        digest.update(str(path.relative_to(PACKAGE_ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cache_key(exercise: str, source: bytes, kit: str, timeout: float, limits: Limits) -> str:
+    settings = json.dumps({"exercise": exercise, "kit": kit, "timeout": timeout, "limits": asdict(limits)},
+                          sort_keys=True)
+    return hashlib.sha256(settings.encode() + b"\0" + source).hexdigest()
+
+
+class Cache:
+    """Results of earlier checks in ``<out>/.cache``, one JSON file per learner and exercise."""
+
+    def __init__(self, out: Path):
+        self.folder = out / ".cache"
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, learner: str, exercise: str) -> Path:
+        return self.folder / f"{hashlib.sha256(learner.encode()).hexdigest()[:20]}-{exercise}.json"
+
+    def get(self, learner: str, exercise: str, key: str) -> Optional[Outcome]:
+        try:
+            saved = json.loads(self._path(learner, exercise).read_text())
+        except (OSError, ValueError):
+            return None
+        if saved.get("key") != key:
+            return None
+        return Outcome(**{**saved["outcome"], "cached": True})
+
+    def put(self, outcome: Outcome, key: str) -> None:
+        path = self._path(outcome.learner, outcome.exercise)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": key, "outcome": asdict(outcome)}))
+        os.replace(tmp, path)  # a run interrupted here leaves the old entry or the new one, never half
+
+
+# -- One check in its sandbox ----------------------------------------------------------------------------
+def runs_of(exercise: str) -> int:
+    """How many deadlines a check may use one after another (teardown runs the script twice)."""
+    return 2 if exercise == "teardown" else 1
+
+
+def wall_limit(exercise: str, timeout: float) -> float:
+    """The grader's own deadline for a whole check: its runs, plus starting Python and importing torch."""
+    return runs_of(exercise) * timeout + 120.0
+
+
+class _Capped:
+    """Reads a pipe to its end in a thread, keeping at most ``limit`` bytes (the head and the tail)."""
+
+    def __init__(self, stream, limit: int):
+        self.stream, self.limit, self.head, self.tail, self.dropped = stream, limit, b"", b"", 0
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        half = self.limit // 2
+        while True:
+            chunk = self.stream.read1(1 << 16) if hasattr(self.stream, "read1") else self.stream.read(1 << 16)
+            if not chunk:
+                break
+            if len(self.head) < half:
+                take = chunk[:half - len(self.head)]
+                self.head += take
+                chunk = chunk[len(take):]
+            self.tail = (self.tail + chunk)[-half:]
+            self.dropped += max(0, len(chunk) - half)
+        self.stream.close()
+
+    def text(self) -> str:
+        self.thread.join(5)
+        middle = f"\n... ({self.dropped} bytes of output left out) ...\n" if self.dropped else ""
+        return (self.head.decode("utf-8", "replace") + middle + self.tail.decode("utf-8", "replace"))
+
+    def data(self) -> bytes:
+        self.thread.join(5)
+        return b"" if self.dropped else self.head + self.tail
+
+
+def sandbox_command() -> List[str]:
+    # setpriv: the sandbox dies with the grader (parent-death signal); unshare: its own namespaces,
+    # and --kill-child takes the PID namespace's first process, and with it every other, when unshare dies.
+    return ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "--pid", "--fork", "--kill-child", "--mount",
+            "--net", "--mount-proc", "--", sys.executable, "-m", "ddp_tutorial.grade.sandbox"]
+
+
+#: The sandboxes running now: an interrupted grader stops them all at once.
+_RUNNING: Dict[int, subprocess.Popen] = {}
+
+
+def stop_all_sandboxes() -> None:
+    for process in list(_RUNNING.values()):
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def check_in_sandbox(learner: str, exercise: str, source: bytes, timeout: float, uid: int, limits: Limits,
+                     hide: Sequence[str], keep: Sequence[str]) -> Outcome:
+    """``exercises.check`` one file in a fresh sandbox (``sandbox.py``); never raises for what the file does."""
+    t0 = time.monotonic()
+    read_end, write_end = os.pipe()
+    spec = {"exercise": exercise, "source": base64.b64encode(source).decode(), "uid": uid, "timeout": timeout,
+            "hide": list(hide), "keep": list(keep), "pythonpath": str(KIT_ROOT), "tmp_bytes": limits.tmp_bytes, "shm_bytes": limits.shm_bytes,
+            "result_fd": write_end,
+            "limits": {"memory_bytes": limits.memory_bytes, "processes": limits.processes,
+                       "file_bytes": limits.file_bytes, "cpu_seconds": limits.cpu_seconds}}
+    process = subprocess.Popen(sandbox_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, pass_fds=(write_end,), start_new_session=True,
+                               cwd="/", env={**os.environ, "PYTHONPATH": str(KIT_ROOT)})
+    _RUNNING[process.pid] = process
+    os.close(write_end)
+    output = _Capped(process.stdout, limits.output_bytes)
+    result = _Capped(os.fdopen(read_end, "rb"), 8 << 20)
+    killed = False
+    try:
+        process.stdin.write(json.dumps(spec).encode())
+        process.stdin.close()
+    except BrokenPipeError:
+        pass
+    try:
+        process.wait(wall_limit(exercise, timeout))
+    except subprocess.TimeoutExpired:
+        killed = True
+    finally:  # the deadline, or the grader interrupted: the whole sandbox goes
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        _RUNNING.pop(process.pid, None)
+    log = output.text()
+    seconds = time.monotonic() - t0
+    try:
+        data = json.loads(result.data() or b"null")
+    except ValueError:
+        data = None
+    if killed:
+        return Outcome(learner, exercise, TIMED_OUT, f"the check did not end within the grader's "
+                       f"{wall_limit(exercise, timeout):.0f} s, and was stopped with everything it started",
+                       seconds=seconds, log=log)
+    if not isinstance(data, dict) or "criteria" not in data:
+        last = next((line.strip() for line in reversed(log.splitlines()) if line.strip()), "no output")
+        return Outcome(learner, exercise, CRASHED, f"the check itself stopped ({_exit(process.returncode)}), "
+                       f"with no result: {last}"[:400], seconds=seconds, log=log)
+    return _judged(learner, exercise, data, seconds, log)
+
+
+def _exit(code: int) -> str:
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    if code > 128:
+        try:
+            return f"killed by {signal.Signals(code - 128).name}"
+        except ValueError:
+            pass
+    return f"exit code {code}"
+
+
+def _judged(learner: str, exercise: str, data: dict, seconds: float, log: str) -> Outcome:
+    criteria = [[str(c[0]), bool(c[1]), str(c[2])] for c in data["criteria"]]
+    failed = [c for c in criteria if not c[1] and not c[2].startswith("not measured: ")]
+    if data.get("passed") and not failed:
+        return Outcome(learner, exercise, PASSED, "", criteria, seconds, log=log)
+    first = failed[0] if failed else next(c for c in criteria if not c[1])
+    lines = [line.strip() for line in first[2].splitlines() if line.strip()]
+    summary = f"{first[0]}: {lines[0] if lines else ''}"
+    if len(lines) > 1 and lines[0].endswith(":"):  # "... the end of its traceback:": the error is its last line
+        summary += f" {lines[-1]}"
+    if any(c[2].startswith(DEADLINE) for c in failed):
+        status = TIMED_OUT
+    elif criteria and not criteria[0][1]:  # every judge's first criterion: the script ran to its end
+        status = CRASHED
+    else:
+        status = FAILED
+    return Outcome(learner, exercise, status, summary[:400], criteria, seconds, log=log)
+
+
+# -- The class -------------------------------------------------------------------------------------------
+def sandbox_problem() -> Optional[str]:
+    """Why this machine cannot run the sandbox, or None."""
+    if os.geteuid() != 0:
+        return ("grading runs each learner's code in a sandbox (namespaces, a uid of its own), which needs root: "
+                "run it with sudo, or in a container as root (docs/grading.md)")
+    for program in ("unshare", "setpriv"):
+        if shutil.which(program) is None:
+            return f"{program} (util-linux) is missing"
+    return None
+
+
+def hidden_and_kept(submissions: Path, out: Path) -> tuple:
+    """The folders a check must not see, and the paths it needs even where they lie inside one."""
+    home = Path(os.path.expanduser("~")).resolve()
+    hide = {str(submissions), str(out), str(home), "/root", str(KIT_ROOT / "notebooks" / "my_work")}
+    keep = {str(Path(p).resolve()) for p in [sys.prefix, sys.base_prefix, KIT_ROOT, *sys.path] if p}
+    keep = {p for p in keep if os.path.exists(p)}
+    for needed in keep:
+        for folder in (submissions, out):
+            if needed == str(folder) or needed.startswith(str(folder) + os.sep):
+                raise LayoutError(f"{folder} holds {needed}, which every check needs: "
+                                  f"keep the submissions and --out apart from the kit and its Python")
+    return sorted(hide), sorted(keep)
+
+
+def grade(submissions_root, out="grades", jobs: int = 1, timeout: float = 60.0,
+          limits: Optional[Limits] = None) -> Dict:
+    """Check every file of every learner, and write the report; returns what was written.
+
+    Args:
+        submissions_root: the folder of learner folders (or zips).
+        out: the folder for report.html, report.csv, results.json and the cache (made if missing).
+        jobs: checks run at once (each in its own sandbox).
+        timeout: seconds one run of a file may take (``exercises.check``'s timeout).
+        limits: what one check may use (``Limits()`` by default).
+
+    Returns:
+        ``{"outcomes": [...], "submissions": [...], "report": path, "csv": path, "seconds": total}``.
+
+    Raises:
+        LayoutError: the submissions are not laid out as expected (nothing is written then).
+        RuntimeError: this machine cannot run the sandbox.
+    """
+    from ddp_tutorial.grade import report
+
+    t0 = time.monotonic()
+    limits = limits or Limits()
+    root, out = Path(submissions_root).resolve(), Path(out).resolve()
+    subs = collect(root)
+    problem = sandbox_problem()
+    if problem:
+        raise RuntimeError(problem)
+    if out == root or str(out).startswith(str(root) + os.sep) or str(root).startswith(str(out) + os.sep):
+        raise LayoutError(f"--out {out} and the submissions {root} must be apart")
+    hide, keep = hidden_and_kept(root, out)
+    out.mkdir(parents=True, exist_ok=True)
+    kit = kit_version()
+    cache = Cache(out)
+    for sub in subs:
+        for line in sub.skipped:
+            print(f"skipped {sub.learner}/{line}", flush=True)
+    outcomes: Dict[tuple, Outcome] = {}
+    todo = []
+    for sub in subs:
+        for exercise in NAMES:
+            if exercise in sub.refused:
+                outcomes[sub.learner, exercise] = Outcome(sub.learner, exercise, REFUSED, sub.refused[exercise])
+            elif exercise not in sub.files:
+                outcomes[sub.learner, exercise] = Outcome(sub.learner, exercise, NOT_SUBMITTED)
+            else:
+                key = cache_key(exercise, sub.files[exercise], kit, timeout, limits)
+                todo.append((sub.learner, exercise, sub.files[exercise], key))
+    total, done = len(todo), 0
+    print(f"grading {total} files of {len(subs)} learners, {jobs} at a time; results in {out}", flush=True)
+    fresh = []
+    for learner, exercise, source, key in todo:
+        hit = cache.get(learner, exercise, key)
+        if hit is not None:
+            outcomes[learner, exercise] = hit
+            done += 1
+            print(f"[{done}/{total}] {learner} · {exercise}: {_cell_text(hit)} (unchanged: from the cache)",
+                  flush=True)
+        else:
+            fresh.append((learner, exercise, source, key))
+    slots: "queue.Queue[int]" = queue.Queue()
+    for slot in range(jobs):
+        slots.put(slot)
+
+    def one(item):
+        learner, exercise, source, key = item
+        slot = slots.get()
+        try:
+            print(f"      checking {learner} · {exercise} ...", flush=True)
+            return item, check_in_sandbox(learner, exercise, source, timeout, UID_BASE + slot, limits, hide, keep)
+        finally:
+            slots.put(slot)
+
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        futures = [pool.submit(one, item) for item in fresh]
+        for future in as_completed(futures):
+            (learner, exercise, _, key), outcome = future.result()
+            outcomes[learner, exercise] = outcome
+            cache.put(outcome, key)
+            done += 1
+            print(f"[{done}/{total}] {learner} · {exercise}: {_cell_text(outcome)} ({outcome.seconds:.0f} s)",
+                  flush=True)
+        pool.shutdown()
+    except BaseException:  # Ctrl-C: no check starts any more, and the running ones stop now
+        pool.shutdown(wait=False, cancel_futures=True)
+        stop_all_sandboxes()
+        raise
+    finally:  # interrupted or not: what is known so far goes into the report
+        ordered = [outcomes.get((s.learner, e)) or Outcome(s.learner, e, "not checked", "grading was interrupted")
+                   for s in subs for e in NAMES]
+        seconds = time.monotonic() - t0
+        written = report.write(out, subs, ordered, seconds, {"kit": kit, "timeout": timeout, "jobs": jobs,
+                                                             "limits": asdict(limits)})
+    print(report.terminal_summary(subs, ordered), flush=True)
+    print(f"graded {len(subs)} learners in {seconds:.0f} s: {written['html']}, {written['csv']}", flush=True)
+    return {"outcomes": ordered, "submissions": subs, "report": written["html"], "csv": written["csv"],
+            "seconds": seconds}
+
+
+def _cell_text(outcome: Outcome) -> str:
+    if outcome.status == PASSED:
+        return "✓"
+    return outcome.status + (f": {outcome.summary}" if outcome.summary else "")

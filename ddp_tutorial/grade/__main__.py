@@ -1,0 +1,38 @@
+"""``python -m ddp_tutorial.grade SUBMISSIONS [--out DIR] [--jobs N] [--timeout S]``: grade a class."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from ddp_tutorial import grade
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.grade",
+                                     description=grade.__doc__.splitlines()[0])
+    parser.add_argument("submissions", help="a folder with one folder (or .zip) per learner, named for the "
+                                            f"learner, holding any of {', '.join(grade.FILES)}")
+    parser.add_argument("--out", default="grades", help="folder for report.html, report.csv and the cache "
+                                                        "(default: grades)")
+    parser.add_argument("--jobs", type=int, default=1, help="checks run at once, each in its own sandbox "
+                                                            "(default: 1)")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds one run of a file may take (default: 60)")
+    args = parser.parse_args(argv)
+    if args.jobs < 1 or args.timeout <= 0:
+        parser.error("--jobs must be at least 1 and --timeout above 0")
+    try:
+        result = grade.grade(args.submissions, args.out, jobs=args.jobs, timeout=args.timeout)
+    except grade.LayoutError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    return 0 if result["outcomes"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
