@@ -157,13 +157,24 @@ def keep_groups_until_exit() -> None:
 
 
 def host_store(fd: int, port: int) -> None:
-    """Host the rendezvous store on the listening socket ``fd`` for the rest of this process."""
+    """Host the rendezvous store on the listening socket ``fd`` for the rest of this process.
+
+    The store's default server (libuv, from torch 2.4 on) takes a listening socket only
+    from torch 2.8 on; before, it refuses with NotImplementedError before touching ``fd``,
+    and the classic server (``use_libuv=False``), which always could, hosts it instead.
+    What the installed torch does decides, not its version string. Clients are the same
+    for both servers: the other ranks join either.
+    """
     import datetime
 
     from torch.distributed import TCPStore
 
-    _STORE.append(TCPStore(os.environ["MASTER_ADDR"], port, None, True, datetime.timedelta(minutes=30),
-                           wait_for_workers=False, master_listen_fd=fd))
+    args = (os.environ["MASTER_ADDR"], port, None, True, datetime.timedelta(minutes=30))
+    try:
+        store = TCPStore(*args, wait_for_workers=False, master_listen_fd=fd)
+    except NotImplementedError:
+        store = TCPStore(*args, wait_for_workers=False, master_listen_fd=fd, use_libuv=False)
+    _STORE.append(store)
 
 
 class _AfterTorchImport:
