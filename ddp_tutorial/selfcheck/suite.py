@@ -94,7 +94,8 @@ def torch_venv(version: str, root: Path, no_pip_config: bool = False, echo=print
     echo(f"building {venv}: torch=={version} and the rest of requirements.txt ...")
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", dir=root, delete=False) as f:
+    # "-e ." in it is read relative to pip's working folder, the checkout
+    with tempfile.NamedTemporaryFile("w", prefix="requirements-", suffix=".txt", delete=False) as f:
         f.write("\n".join(requirements_with_torch((root / "requirements.txt").read_text(), version)) + "\n")
     try:
         done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r", f.name],
