@@ -170,9 +170,19 @@ def host_store(fd: int, port: int) -> None:
     from torch.distributed import TCPStore
 
     args = (os.environ["MASTER_ADDR"], port, None, True, datetime.timedelta(minutes=30))
+    # The refusal also logs an error line to stderr (C10D_ERROR) that would land in rank 0's
+    # output on every launch: stderr points at /dev/null for this one call, the exception keeps the text.
+    stderr, quiet = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(quiet, 2)
     try:
         store = TCPStore(*args, wait_for_workers=False, master_listen_fd=fd)
     except NotImplementedError:
+        store = None
+    finally:
+        os.dup2(stderr, 2)
+        os.close(stderr)
+        os.close(quiet)
+    if store is None:
         store = TCPStore(*args, wait_for_workers=False, master_listen_fd=fd, use_libuv=False)
     _STORE.append(store)
 
