@@ -9,7 +9,12 @@ The notebook-facing API::
 Importing this package does not import torch: only the worker processes do.
 """
 
-from ddp_tutorial import config, launcher, warmstart
+from ddp_tutorial import torch_version
+
+# A torch outside the tested range is named here, in one line, not later inside a rank.
+torch_version.check()
+
+from ddp_tutorial import config, launcher, warmstart  # noqa: E402
 from ddp_tutorial.config import TRAIN_MODULE, TRAIN_SCRIPT
 from ddp_tutorial.launcher import (
     LaunchConfigError,
@@ -21,6 +26,7 @@ from ddp_tutorial.launcher import (
     scripts_path,
 )
 from ddp_tutorial.runfolder import Run
+from ddp_tutorial.torch_version import print_versions
 
 # train.py's flags are checked in the kernel before a launch starts anything.
 launcher.check_args_with([[TRAIN_SCRIPT], ["-m", TRAIN_MODULE]], config.launch_settings)
@@ -31,7 +37,7 @@ if warmstart.in_kernel():
     launcher.prestart_fork_server()
 
 __all__ = ["launch", "Run", "TRAIN_SCRIPT", "LaunchError", "LaunchConfigError", "WorkerError",
-           "LaunchTimeout", "free_port", "scripts_path", "plots"]
+           "LaunchTimeout", "free_port", "scripts_path", "plots", "print_versions"]
 
 
 def __getattr__(name):

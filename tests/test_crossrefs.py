@@ -8,6 +8,7 @@ every docs/*.md. Nothing here imports torch or the package: names are resolved f
 import ast
 import functools
 import importlib.util
+import os
 import re
 from pathlib import Path
 
@@ -75,8 +76,12 @@ def aliases(code_cells) -> dict:
 @functools.lru_cache(maxsize=None)
 def known_files() -> tuple:
     """Every file of the repository, and of the installed torch (as ``torch/...``), as posix paths."""
-    repo = [p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*")
-            if p.is_file() and not {".git", ".venv", "__pycache__", "my_work", "runs"} & set(p.parts)]
+    repo = []
+    for folder, subfolders, files in os.walk(ROOT):
+        # not walked at all: git's, venvs' (.venv, selfcheck's .venv-torch-VERSION: thousands of files)
+        subfolders[:] = [d for d in subfolders if d not in {".git", "__pycache__", "my_work", "runs"}
+                         and not d.startswith(".venv")]
+        repo += [(Path(folder) / f).relative_to(ROOT).as_posix() for f in files]
     spec = importlib.util.find_spec("torch")  # finds the folder; torch is not imported
     torch_dir = Path(next(iter(spec.submodule_search_locations)))
     theirs = [p.relative_to(torch_dir.parent).as_posix() for p in torch_dir.rglob("*") if p.suffix in

@@ -304,3 +304,71 @@ def test_environment_before_torch_is_read_from_the_source(tmp_path, source, cold
     path = tmp_path / "s.py"
     path.write_text(source)
     assert (launcher.start.environment_before_torch([str(path)]) is not None) == cold
+
+
+#: The real fork server, with a bootstrap that fails where $FAULT says: hosting the store
+#: (before the script, as torch 2.4-2.7's libuv store did) or on the way out (after it).
+FAULTY_SERVER = '''
+import importlib.util, os
+spec = importlib.util.spec_from_file_location("_fork_server_under_test", {server!r})
+server = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(server)
+load_bootstrap = server._load_bootstrap
+
+def load_faulty_bootstrap():
+    bootstrap = load_bootstrap()
+    host_store, leave = bootstrap.host_store, bootstrap.exit_skipping_interpreter_cleanup
+
+    def faulty_host_store(fd, port):
+        if os.environ.get("FAULT") == "store":
+            raise NotImplementedError("the store cannot start (injected)")
+        host_store(fd, port)
+
+    def faulty_exit(code):
+        if os.environ.get("FAULT") == "exit":
+            raise RuntimeError("the way out failed (injected)")
+        leave(code)
+
+    bootstrap.host_store, bootstrap.exit_skipping_interpreter_cleanup = faulty_host_store, faulty_exit
+    return bootstrap
+
+server._load_bootstrap = load_faulty_bootstrap
+server.main()
+'''
+
+
+@pytest.fixture
+def faulty_fork_server(tmp_path, monkeypatch):
+    """This process's next fork server runs FAULTY_SERVER; stopped afterwards."""
+    path = tmp_path / "faulty_server.py"
+    path.write_text(FAULTY_SERVER.format(server=warmstart.SERVER_SCRIPT))
+    warmstart._stop_server()
+    monkeypatch.setattr(warmstart, "_SERVER", None)
+    monkeypatch.setattr(warmstart, "SERVER_SCRIPT", str(path))
+    yield
+    warmstart._stop_server()  # the next test gets a real server again
+    warmstart._SERVER = None
+
+
+def test_a_fault_outside_the_script_ends_that_rank_with_a_report_and_the_server_serves_on(faulty_fork_server):
+    with pytest.raises(ddp_tutorial.WorkerError) as before:
+        launch(PRINT_LINES, 2, echo="none", env={"FAULT": "store"})
+    server = warmstart.server_pid()
+    assert server is not None and before.value.run.start_mode == "warm"
+    assert (before.value.rank, before.value.exit_code) == (0, 1)
+    report = "\n".join(before.value.run.output[0])
+    assert "NotImplementedError: the store cannot start (injected)" in report, report
+    # the child left through os._exit, never back into the server's request loop
+    assert "handle_request" not in report and "Bad file descriptor" not in report, report
+
+    with pytest.raises(ddp_tutorial.WorkerError) as after:
+        launch(PRINT_LINES, 2, echo="none", env={"FAULT": "exit"})
+    assert after.value.exit_code == 1
+    output = after.value.run.output[after.value.rank]
+    assert output[:3] == [f"line {i} of rank {after.value.rank}" for i in range(3)]  # the script ran
+    assert "RuntimeError: the way out failed (injected)" in "\n".join(output), output
+
+    fine = launch(PRINT_LINES, 2, echo="none")
+    assert fine.start_mode == "warm" and fine.exit_codes == {0: 0, 1: 0}
+    assert warmstart.server_pid() == server  # the same server served all three
+    assert len(os.listdir(f"/proc/{server}/task")) == 1

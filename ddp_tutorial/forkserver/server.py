@@ -142,6 +142,33 @@ def become_rank(bootstrap, server_pid: int, request, fds, close_fds) -> None:
     os._exit(1)  # run_rank exits itself
 
 
+def run_child(body) -> None:
+    """Run ``body`` in a forked child and exit; never returns into the server's code.
+
+    Whatever ``body`` raises, before the rank's script runs or after (the bootstrap,
+    the store, the exit path), ends as that rank's exit with status 1 and the
+    traceback on its output (the pipe, once ``become_rank`` has made it fd 2), as a
+    cold rank's startup error would. Unwinding further would run the server's request
+    loop in the child: closing descriptors the child no longer has, and forking again.
+    """
+    code = 1
+    try:
+        body()
+    except SystemExit as exc:  # sys.exit() in the bootstrap: its status, as Python gives it
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        try:
+            import traceback
+
+            report = "".join(traceback.format_exc())
+            os.write(2, f"error: this rank failed outside its script (in the fork server's child)\n"
+                        f"{report}".encode(errors="replace"))
+        except BaseException:
+            pass
+    finally:
+        os._exit(code)
+
+
 class Server:
     def __init__(self, control: socket.socket, launcher_pid: int, bootstrap):
         self.control, self.launcher_pid, self.bootstrap = control, launcher_pid, bootstrap
@@ -199,8 +226,8 @@ class Server:
         except OSError as exc:  # e.g. EAGAIN: out of processes
             self.send({"started": request["spawn"], "error": f"fork failed: {exc}"})
             return
-        if pid == 0:
-            become_rank(self.bootstrap, self.pid, request, fds, close_fds)
+        if pid == 0:  # the child: it leaves only through os._exit, never back into this loop
+            run_child(lambda: become_rank(self.bootstrap, self.pid, request, fds, close_fds))
         pidfd = os.pidfd_open(pid)
         self.pidfds[pidfd] = pid
         self.poll.register(pidfd, select.POLLIN)

@@ -157,13 +157,34 @@ def keep_groups_until_exit() -> None:
 
 
 def host_store(fd: int, port: int) -> None:
-    """Host the rendezvous store on the listening socket ``fd`` for the rest of this process."""
+    """Host the rendezvous store on the listening socket ``fd`` for the rest of this process.
+
+    The store's default server (libuv, from torch 2.4 on) takes a listening socket only
+    from torch 2.8 on; before, it refuses with NotImplementedError before touching ``fd``,
+    and the classic server (``use_libuv=False``), which always could, hosts it instead.
+    What the installed torch does decides, not its version string. Clients are the same
+    for both servers: the other ranks join either.
+    """
     import datetime
 
     from torch.distributed import TCPStore
 
-    _STORE.append(TCPStore(os.environ["MASTER_ADDR"], port, None, True, datetime.timedelta(minutes=30),
-                           wait_for_workers=False, master_listen_fd=fd))
+    args = (os.environ["MASTER_ADDR"], port, None, True, datetime.timedelta(minutes=30))
+    # The refusal also logs an error line to stderr (C10D_ERROR) that would land in rank 0's
+    # output on every launch: stderr points at /dev/null for this one call, the exception keeps the text.
+    stderr, quiet = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(quiet, 2)
+    try:
+        store = TCPStore(*args, wait_for_workers=False, master_listen_fd=fd)
+    except NotImplementedError:
+        store = None
+    finally:
+        os.dup2(stderr, 2)
+        os.close(stderr)
+        os.close(quiet)
+    if store is None:
+        store = TCPStore(*args, wait_for_workers=False, master_listen_fd=fd, use_libuv=False)
+    _STORE.append(store)
 
 
 class _AfterTorchImport:

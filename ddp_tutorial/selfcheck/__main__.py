@@ -1,0 +1,61 @@
+"""``python -m ddp_tutorial.selfcheck``: the kit checks itself (see ``selfcheck/suite.py``).
+
+    python -m ddp_tutorial.selfcheck --torch 2.15.0 --no-pip-config --tests notebooks tests/test_launcher.py
+    python -m ddp_tutorial.selfcheck --suite 6 --busy-core 2
+    python -m ddp_tutorial.selfcheck --notebooks 5 --busy-core 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional, Sequence
+
+from ddp_tutorial import selfcheck
+from ddp_tutorial.selfcheck import suite
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.selfcheck", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--suite", type=int, metavar="N",
+                      help="run the README's `pytest` N times, each in a fresh git clone of the current commit")
+    what.add_argument("--notebooks", type=int, metavar="N", help="run every notebook N times (pytest --nbmake)")
+    parser.add_argument("--torch", metavar="VERSION",
+                        help="test with this torch, in .venv-torch-VERSION (built once, kept); alone: "
+                             "run the README's `pytest` there once")
+    parser.add_argument("--busy-core", type=int, default=0, metavar="K",
+                        help="the last K runs (or rounds) beside a process that keeps one core busy")
+    parser.add_argument("--tests", nargs="+", default=[], metavar="PATH",
+                        help="only these tests (pytest paths, e.g. notebooks tests/test_launcher.py)")
+    parser.add_argument("--no-pip-config", action="store_true",
+                        help="pip ignores its configuration files while it builds the venv (a machine's cap "
+                             "on torch versions); its PIP_* variables still apply")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON (--suite)")
+    args = parser.parse_args(argv)
+    if args.suite is None and args.notebooks is None:
+        if args.torch is None:
+            parser.error("say what to run: --torch VERSION, --suite N or --notebooks N")
+        return suite.test_torch(args.torch, args.tests, args.no_pip_config)
+    if args.suite is not None:
+        if args.suite < 1 or args.busy_core < 0:
+            parser.error("--suite needs N >= 1 and --busy-core K >= 0")
+        result = suite.suite_runs(args.suite, args.busy_core, args.tests, args.torch, args.no_pip_config)
+        print(suite.format_suite(result))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        failed = suite.failures_per_test(result["runs"]) or any(r["returncode"] for r in result["runs"])
+        return 1 if failed else 0
+    if args.torch or args.tests:
+        parser.error("--notebooks runs every notebook with this torch: for another, use --torch VERSION "
+                     "--tests notebooks")
+    result = selfcheck.notebook_rounds(args.notebooks, args.busy_core)
+    print(selfcheck.format_rounds(result))
+    return 0 if result.get("passed") == result.get("runs") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

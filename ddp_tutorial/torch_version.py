@@ -1,0 +1,115 @@
+"""Which torch the kit runs on, and a clear word at import when it is one the kit cannot use.
+
+The kit is tested from ``FLOOR`` to ``NEWEST_TESTED`` (docs/torch-versions.md has the
+runs and why the floor is where it is). Importing ``ddp_tutorial`` checks the installed torch:
+
+- older than ``FLOOR`` (or none): ``ImportError``, one line with the version found and the
+  ``pip install`` command that fixes it, before anything starts a rank;
+- newer than ``NEWEST_TESTED``: one line on stderr, and the kit goes on (a learner on a
+  newer torch is not locked out; ``python -m ddp_tutorial.selfcheck --torch VERSION`` tests it).
+
+Nothing here imports torch (a second or more in every kernel): the version is read from
+``torch/version.py`` of the torch that ``import torch`` would load.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import re
+import sys
+from pathlib import Path
+from typing import Optional, Tuple
+
+#: The oldest torch the kit supports: the first with ``torch.distributed.fsdp.fully_shard``
+#: public and ``torch.load(weights_only=True)`` as the default (see docs/torch-versions.md).
+FLOOR = (2, 6)
+#: The newest torch the kit's tests have passed on.
+NEWEST_TESTED = (2, 15)
+
+
+def _dotted(version: Tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
+
+
+#: The command that installs a torch inside the tested range.
+FIX = f"pip install 'torch>={_dotted(FLOOR)},<{NEWEST_TESTED[0]}.{NEWEST_TESTED[1] + 1}'"
+
+
+def parse(version: str) -> Optional[Tuple[int, int]]:
+    """(major, minor) of a torch version string (``"2.13.0+cpu"`` -> (2, 13)); None if unreadable."""
+    match = re.match(r"\s*(\d+)\.(\d+)", version)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def installed() -> Tuple[Optional[str], Optional[str], Optional[str]]:
+    """(version, folder, CUDA version or None) of the torch ``import torch`` would load, without
+    importing it; (None, None, None) when there is none."""
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "__version__"):
+        version_module = getattr(torch, "version", None)
+        return (str(torch.__version__), os.path.dirname(getattr(torch, "__file__", "") or ""),
+                getattr(version_module, "cuda", None))
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin:
+        return None, None, None
+    folder = os.path.dirname(spec.origin)
+    try:
+        text = Path(folder, "version.py").read_text()
+    except OSError:
+        return "unknown", folder, None
+    found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    cuda = re.search(r"^cuda\s*(?::\s*\S+\s*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    return (found.group(1) if found else "unknown"), folder, (cuda.group(1) if cuda else None)
+
+
+def refusal(version: Optional[str], folder: Optional[str]) -> Optional[str]:
+    """The one line that refuses ``version`` (found in ``folder``), or None if the kit can use it."""
+    if version is None:
+        return f"ddp_tutorial needs torch >= {_dotted(FLOOR)}, and none is installed for {sys.executable}: {FIX}"
+    parsed = parse(version)
+    if parsed is None or parsed < FLOOR:
+        return (f"ddp_tutorial needs torch >= {_dotted(FLOOR)}, but found torch {version} in {folder}: "
+                f"{FIX}")
+    return None
+
+
+def untested(version: Optional[str]) -> Optional[str]:
+    """The one line that says ``version`` is newer than any the kit was tested on, or None."""
+    parsed = parse(version or "")
+    if parsed is not None and parsed > NEWEST_TESTED:
+        return (f"ddp_tutorial: torch {version} is newer than the newest tested ({_dotted(NEWEST_TESTED)}); "
+                f"it should work, and `python -m ddp_tutorial.selfcheck --torch {version.split('+')[0]}` "
+                f"tests it (or: {FIX})")
+    return None
+
+
+def check() -> None:
+    """At import: refuse a torch outside the range, in one line; say so once for a newer one.
+
+    Raises:
+        ImportError: no torch, or one older than ``FLOOR``.
+    """
+    version, folder, _ = installed()
+    refused = refusal(version, folder)
+    if refused:
+        raise ImportError(refused)
+    note = untested(version)
+    if note and os.environ.get("RANK", "0") == "0":  # once per job, not once per rank
+        print(note, file=sys.stderr, flush=True)
+
+
+def versions_line() -> str:
+    """``torch 2.13.0+cpu (CPU only), Python 3.11.2``: what a notebook runs on."""
+    version, _, cuda = installed()
+    build = f"CUDA {cuda} build" if cuda else "CPU only"
+    return f"torch {version} ({build}), Python {platform.python_version()}"
+
+
+def print_versions() -> None:
+    """Print the torch and Python this notebook runs on (the facts it asserts are checked on them)."""
+    print(f"Running on {versions_line()}.")

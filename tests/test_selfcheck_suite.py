@@ -1,0 +1,92 @@
+"""The self-check that tests another torch or runs the suite many times: its parsing and its table
+(no real suite runs here)."""
+
+from pathlib import Path
+
+import pytest
+
+from ddp_tutorial.selfcheck import __main__ as selfcheck_main
+from ddp_tutorial.selfcheck import suite
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- selfcheck: another torch, and the suite many times (parsing and reporting only) --------------
+def test_the_readme_test_command_is_the_one_the_selfcheck_runs():
+    readme = (ROOT / "README.md").read_text()
+    assert f"pip install -r requirements.txt && {' '.join(suite.README_TEST_COMMAND)}\n" in readme
+
+
+def test_requirements_get_the_asked_torch_and_keep_the_rest():
+    text = "# a comment\ntorch==2.13.0\nmatplotlib\ntorchvision\npytest\n-e .\n"
+    assert suite.requirements_with_torch(text, "2.6.0") == ["torch==2.6.0", "matplotlib", "torchvision",
+                                                            "pytest", "-e ."]
+    assert suite.requirements_with_torch("torch>=2.6\n", "2.15.0") == ["torch==2.15.0"]
+    assert suite.same_release("2.13.0+cpu", "2.13.0") and not suite.same_release("2.13.1", "2.13.0")
+    assert not suite.same_release(None, "2.13.0")
+
+
+JUNIT = '''<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" errors="1" failures="1" skipped="1" tests="5" time="12.0">
+<testcase classname="tests.test_warm" name="test_ok" time="1.5"/>
+<testcase classname="tests.test_warm" name="test_bad[1-warm]" time="2.0"><failure message="AssertionError: rank 1 fails first">long
+traceback
+here</failure></testcase>
+<testcase classname="tests.test_slurm" name="test_cluster" time="0.1"><skipped message="no slurm"/></testcase>
+<testcase classname="tests.test_launcher" name="test_setup" time="0.1"><error message="">fixture failed
+ProcessLookupError: [Errno 3] No such process
+x
+y</error></testcase>
+<testcase classname="" name="notebooks/00_overview.ipynb" time="9.0"/>
+</testsuite></testsuites>
+'''
+
+
+def test_a_junit_report_becomes_each_tests_outcome_and_first_lines(tmp_path):
+    report = tmp_path / "junit.xml"
+    report.write_text(JUNIT)
+    cases = suite.junit_cases(report)
+    assert {t: c["outcome"] for t, c in cases.items()} == {
+        "tests/test_warm.py::test_ok": "passed", "tests/test_warm.py::test_bad[1-warm]": "failed",
+        "tests/test_slurm.py::test_cluster": "skipped", "tests/test_launcher.py::test_setup": "error",
+        "notebooks/00_overview.ipynb": "passed"}
+    assert cases["tests/test_warm.py::test_bad[1-warm]"]["message"] == "AssertionError: rank 1 fails first\nlong\ntraceback"
+    assert cases["tests/test_launcher.py::test_setup"]["message"].splitlines() == [
+        "fixture failed", "ProcessLookupError: [Errno 3] No such process", "x"]
+
+
+def test_the_suite_table_counts_failures_per_test_and_shows_each_runs_wall_time(tmp_path):
+    report = tmp_path / "junit.xml"
+    report.write_text(JUNIT)
+    failing = suite.junit_cases(report)
+    passing = {t: {**c, "outcome": "passed" if c["outcome"] != "skipped" else "skipped", "message": ""}
+               for t, c in failing.items()}
+    runs = [{"busy_core": False, "seconds": 301.4, "returncode": 0, "cases": passing, "tail": []},
+            {"busy_core": False, "seconds": 320.0, "returncode": 1, "cases": failing, "tail": []},
+            {"busy_core": True, "seconds": 388.6, "returncode": 2, "cases": {}, "tail": ["INTERNALERROR> boom"]}]
+    text = suite.format_suite({"runs": runs, "commit": "0123456789abcdef", "torch": "2.13.0+cpu",
+                               "tests": ["tests/test_warm.py"]})
+    lines = text.splitlines()
+    assert lines[0] == ("`pytest tests/test_warm.py` 3 times on fresh clones of 0123456789 (1 beside a busy core), "
+                        "torch 2.13.0+cpu")
+    assert lines[2].split() == ["1", "no", "4", "0", "0", "1", "301", "0"]
+    assert lines[3].split() == ["2", "no", "2", "1", "1", "1", "320", "1"]
+    assert lines[4].split() == ["3", "yes", "0", "0", "0", "0", "389", "2"]
+    assert "tests/test_launcher.py::test_setup: failed in 1 of 3 runs" in lines
+    assert "    run 2: AssertionError: rank 1 fails first" in lines
+    assert "run 3 left no report (exit 2); its last lines:" in lines and "    INTERNALERROR> boom" in lines
+    assert suite.failures_per_test(runs[:1]) == {}
+    clean = suite.format_suite({"runs": runs[:1], "commit": "ab", "torch": "x", "tests": []})
+    assert clean.splitlines()[-1] == "no test failed in 1 runs"
+
+
+def test_the_command_says_what_it_needs(capsys):
+    with pytest.raises(SystemExit):
+        selfcheck_main.main([])
+    assert "say what to run: --torch VERSION, --suite N or --notebooks N" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        selfcheck_main.main(["--suite", "0"])
+    assert "--suite needs N >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        selfcheck_main.main(["--notebooks", "2", "--torch", "2.6.0"])
+    assert "--torch VERSION --tests notebooks" in capsys.readouterr().err
