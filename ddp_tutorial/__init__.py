@@ -9,7 +9,8 @@ The notebook-facing API::
 Importing this package does not import torch: only the worker processes do.
 """
 
-from ddp_tutorial import config, launcher, warmstart
+from ddp_tutorial import config, launcher
+from ddp_tutorial.launcher import warmstart  # also ddp_tutorial.warmstart, its name before it moved
 from ddp_tutorial.config import TRAIN_MODULE, TRAIN_SCRIPT
 from ddp_tutorial.launcher import (
     LaunchConfigError,

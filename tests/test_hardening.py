@@ -30,7 +30,7 @@ import ddp_tutorial
 from ddp_tutorial import (TRAIN_SCRIPT, LaunchConfigError, LaunchError, LaunchTimeout, WorkerError,
                           config, launch, launcher, runfolder)
 from ddp_tutorial.rank.checkpoint import CheckpointError, save_checkpoint, temp_files
-from ddp_tutorial import warmstart
+from ddp_tutorial.launcher import warmstart
 from ddp_tutorial.runfolder import MetricsWriter, Run, counted
 from conftest import processes_of_run
 from test_launcher import wait_for

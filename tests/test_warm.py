@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import ddp_tutorial
-from ddp_tutorial import envvars, launch, launcher, warmstart
+from ddp_tutorial import envvars, launch, launcher
+from ddp_tutorial.launcher import warmstart
 from conftest import pid_alive, processes_of_run
 from test_launcher import LAUNCH_IN_CHILD, SCRIPTS, _is_rank, wait_for
 

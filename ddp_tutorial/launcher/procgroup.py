@@ -20,8 +20,7 @@ import subprocess
 import time
 from typing import Iterable, List, Optional
 
-from ddp_tutorial import warmstart
-from ddp_tutorial.launcher import keeper
+from ddp_tutorial.launcher import keeper, warmstart
 from ddp_tutorial.launcher.errors import LaunchError
 
 #: Seconds the kernel gets to reap a rank after SIGKILL; a rank stuck in the

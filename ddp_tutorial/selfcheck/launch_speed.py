@@ -12,8 +12,7 @@ import sys
 import time
 from typing import Dict, List
 
-from ddp_tutorial import warmstart
-from ddp_tutorial.launcher import launch, worker_script
+from ddp_tutorial.launcher import launch, warmstart, worker_script
 from ddp_tutorial.perf.costmodel import median
 
 

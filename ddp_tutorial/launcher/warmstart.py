@@ -29,8 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ddp_tutorial import envvars
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-SERVER_SCRIPT = str(PACKAGE_DIR / "forkserver" / "server.py")
+SERVER_SCRIPT = str(Path(__file__).resolve().parent / "forkserver" / "server.py")
 #: ``DDP_TUTORIAL_WARM=0`` turns warm launches off for every ``launch`` of this process.
 #: Variables read while Python starts or torch is imported (the interpreter, the dynamic
 #: linker, OpenMP and BLAS, torch, the locale): a forked rank keeps the server's values, so
