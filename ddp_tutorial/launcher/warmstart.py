@@ -42,7 +42,7 @@ REAPPLIED_PER_RANK = ("TORCH_DISTRIBUTED_DEBUG",)
 #: Of rank 0's environment, what the server's own must not have: its orphan checks and
 #: ``ps e`` would take it for a rank of that run.
 #: Bytes of room the server's command line and environment get, which a forked rank
-#: rewrites to show its own (``/proc/<pid>/cmdline`` and ``environ``).
+#: rewrites to show its own (what ``ps`` and ``procinfo.cmdline``/``environ`` read).
 ARGV_ROOM, ENV_ROOM = 16 << 10, 64 << 10
 #: Seconds a server may take to import torch and say it is ready (at most half the launch's time).
 START_S = 60.0
