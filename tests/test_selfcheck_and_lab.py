@@ -31,7 +31,7 @@ def test_notebook_rounds_count_passes_per_notebook(tmp_path):
 
 def test_busy_core_spins_and_stops():
     with selfcheck.busy_core() as pid:
-        assert "while True: pass" in procinfo.cmdline(pid)
+        assert selfcheck.SPIN in procinfo.cmdline(pid)
         assert procinfo.state(pid) == "R", "running, not waiting"
     assert procinfo.state(pid) is None  # stopped and reaped (a zombie's state is "Z")
 

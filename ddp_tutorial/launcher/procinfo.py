@@ -120,19 +120,22 @@ def environ_bytes(pid: Pid) -> Optional[bytes]:
 
 def environ(pid: Pid) -> Optional[Dict[str, str]]:
     """The environment ``pid`` started with (or a forked rank's, as the fork server rewrote it); None if unreadable."""
-    words = _strings(environ_bytes(pid))
-    if words is None:
-        return None
-    return dict(w.split("=", 1) for w in words if "=" in w)
+    return _env_dict(environ_bytes(pid))
+
+
+def _env_dict(data: Optional[bytes]) -> Optional[Dict[str, str]]:
+    words = _strings(data)
+    return None if words is None else dict(w.split("=", 1) for w in words if "=" in w)
 
 
 def pids_with_env(name: str, value: str, prefix: bool = False) -> List[int]:
     """Live processes (not zombies), this one aside, whose variable ``name`` is ``value``
     (``prefix=True``: starts with ``value``). Finds descendants of any depth, and processes
     that left their group or session, as long as they kept the variable."""
-    me, found = os.getpid(), []
+    me, key, found = os.getpid(), os.fsencode(name) + b"=", []
     for pid in pids():
-        env = environ(pid) if pid != me else None
+        data = environ_bytes(pid) if pid != me else None
+        env = _env_dict(data) if data and key in data else None  # most processes: no dict built
         got = env.get(name) if env else None
         if got is not None and (got.startswith(value) if prefix else got == value) and alive(pid):
             found.append(pid)
