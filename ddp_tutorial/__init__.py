@@ -14,7 +14,8 @@ from ddp_tutorial import torch_version
 # A torch outside the tested range is named here, in one line, not later inside a rank.
 torch_version.check()
 
-from ddp_tutorial import config, launcher, warmstart  # noqa: E402
+from ddp_tutorial import config, launcher  # noqa: E402
+from ddp_tutorial.launcher import warmstart  # noqa: E402  also ddp_tutorial.warmstart, its name before it moved
 from ddp_tutorial.config import TRAIN_MODULE, TRAIN_SCRIPT
 from ddp_tutorial.launcher import (
     LaunchConfigError,

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from ddp_tutorial.launcher import procinfo
+
 
 @pytest.fixture(autouse=True)
 def runs_root(tmp_path, monkeypatch):
@@ -17,49 +19,18 @@ def runs_root(tmp_path, monkeypatch):
 def processes_of_run(run_dir) -> list:
     """Pids of live processes started for ``run_dir`` (found by their environment).
 
-    Independent of the launcher's own bookkeeping: it scans /proc for any
-    process, child or grandchild, whose DDP_TUTORIAL_RUN_DIR is this run's.
+    Independent of the launcher's own bookkeeping: it looks at every process, child
+    or grandchild, for a DDP_TUTORIAL_RUN_DIR that is this run's.
     """
-    needle = f"DDP_TUTORIAL_RUN_DIR={Path(run_dir).resolve()}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-        if needle in env and state != b"Z":
-            found.append(int(entry))
-    return found
+    return procinfo.pids_with_env("DDP_TUTORIAL_RUN_DIR", str(Path(run_dir).resolve()))
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between the open and the read
-        return False
+pid_alive = procinfo.alive  # the name the tests import
 
 
 def _leftovers(base: Path) -> list:
     """Live processes whose run folder (DDP_TUTORIAL_RUN_DIR) lies under ``base``: ranks, or what they started."""
-    needle = f"DDP_TUTORIAL_RUN_DIR={base.resolve()}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-        if any(e.startswith(needle) for e in env) and pid_alive(int(entry)):
-            found.append(int(entry))
-    return found
+    return procinfo.pids_with_env("DDP_TUTORIAL_RUN_DIR", str(base.resolve()), prefix=True)
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -71,7 +42,7 @@ def pytest_sessionfinish(session, exitstatus):
         # after every worker has finished (a worker's exit status would not fail the run).
         return
     factory = getattr(session.config, "_tmp_path_factory", None)
-    if factory is None or not os.path.isdir("/proc"):
+    if factory is None or not procinfo.has_proc():
         return
     base = factory.getbasetemp()
     end = time.monotonic() + 10  # a SIGKILL takes effect when the process next runs
@@ -80,12 +51,7 @@ def pytest_sessionfinish(session, exitstatus):
         time.sleep(0.1)
         left = _leftovers(base)
     if left:
-        cmdlines = []
-        for pid in left:
-            try:
-                cmdlines.append(f"{pid}: " + open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode())
-            except OSError:
-                pass
+        cmdlines = [f"{pid}: " + " ".join(procinfo.cmdline(pid) or ["(gone)"]) for pid in left]
         print("\nprocesses the tests started and left running:\n" + "\n".join(cmdlines))
         for pid in left:  # do not leave them for the next run either
             try:

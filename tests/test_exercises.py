@@ -15,6 +15,7 @@ import pytest
 
 from ddp_tutorial import envvars, exercises
 from ddp_tutorial.exercises import judge
+from ddp_tutorial.launcher import procinfo
 from conftest import pid_alive
 
 MISTAKES = Path(__file__).resolve().parent / "exercise_mistakes"
@@ -51,19 +52,7 @@ def passed_names(result):
 
 def processes_under(folder: Path):
     """Live processes whose DDP_TUTORIAL_RUN_DIR lies under ``folder``: ranks (and torchrun) of a check."""
-    needle = f"DDP_TUTORIAL_RUN_DIR={folder.resolve()}".encode()
-    found = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != b"Z" and any(var.startswith(needle) for var in env):
-            found.append(int(entry))
-    return found
+    return procinfo.pids_with_env("DDP_TUTORIAL_RUN_DIR", str(folder.resolve()), prefix=True)
 
 
 def run_records(tmp_path: Path, name: str, mode: str = "run"):

@@ -8,7 +8,6 @@ fraction of a second); the few that train say why they must.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import json
 from collections import Counter
 import math
@@ -30,7 +29,7 @@ import ddp_tutorial
 from ddp_tutorial import (TRAIN_SCRIPT, LaunchConfigError, LaunchError, LaunchTimeout, WorkerError,
                           config, launch, launcher, runfolder)
 from ddp_tutorial.rank.checkpoint import CheckpointError, save_checkpoint, temp_files
-from ddp_tutorial import warmstart
+from ddp_tutorial.launcher import procinfo, warmstart
 from ddp_tutorial.runfolder import MetricsWriter, Run, counted
 from conftest import processes_of_run
 from test_launcher import wait_for
@@ -50,69 +49,16 @@ def child_processes() -> list:
     the children of its fork server (warm ranks); the idle fork server and the group keeper
     (``launcher.keeper_pid``) are not counted."""
     server, keeper = warmstart.server_pid(), launcher.keeper_pid()
-    parents = {str(os.getpid()).encode()} | ({str(server).encode()} if server else set())
+    parents = {os.getpid(), server} - {None}
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in (server, keeper):
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if fields[1] in parents and fields[0] != b"Z":
-            found.append(int(entry))
+    for pid in procinfo.pids():
+        stat = procinfo.stat(pid) if pid not in (server, keeper) else None
+        if stat is not None and stat.ppid in parents and stat.state != "Z":
+            found.append(pid)
     return found
 
 
 # -- 1. Nothing listens beyond loopback --------------------------------------------
-def listening_sockets(pids) -> list:
-    """(address, port, pid) of every listening TCP socket the processes ``pids`` hold.
-
-    Read from /proc: each process's socket inodes, matched against the LISTEN
-    rows (state 0A) of /proc/net/tcp and /proc/net/tcp6.
-    """
-    owner = {}
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                owner[link[8:-1]] = pid
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            rows = f.read().splitlines()[1:]
-        for row in rows:
-            fields = row.split()
-            if fields[3] == "0A" and fields[9] in owner:
-                address, port = fields[1].split(":")
-                found.append((_proc_address(address), int(port, 16), owner[fields[9]]))
-    return found
-
-
-def _proc_address(text: str) -> ipaddress._BaseAddress:
-    """/proc/net/tcp{,6} print addresses as host-order 32-bit words in hex."""
-    raw = bytes.fromhex(text)
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    address = ipaddress.ip_address(words)
-    return getattr(address, "ipv4_mapped", None) or address
-
-
-def test_proc_address_parsing():
-    assert str(_proc_address("0100007F")) == "127.0.0.1"
-    assert str(_proc_address("00000000")) == "0.0.0.0"
-    assert str(_proc_address("00000000000000000000000000000000")) == "::"
-    assert str(_proc_address("0000000000000000FFFF00000100007F")) == "127.0.0.1"
-    assert str(_proc_address("00000000000000000000000001000000")) == "::1"
-
-
 @pytest.mark.parametrize("master_port", [None, "fixed"])
 def test_while_a_launch_runs_nothing_listens_beyond_loopback(tmp_path, master_port):
     run_dir, release = tmp_path / "run", tmp_path / "release"
@@ -134,7 +80,7 @@ def test_while_a_launch_runs_nothing_listens_beyond_loopback(tmp_path, master_po
             Run(run_dir).results(r) for r in (0, 1))), 90, "both ranks to join")
         assert "error" not in result, result.get("error")
         pids = processes_of_run(run_dir) + [os.getpid()]
-        sockets = listening_sockets(pids)
+        sockets = procinfo.listening_sockets(pids)
     finally:
         release.touch()
         thread.join(timeout=90)
@@ -485,11 +431,11 @@ def test_concurrent_saves_use_their_own_temporary_files(tmp_path, monkeypatch):
 
 # -- 4. No resource leaked ----------------------------------------------------------
 def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+    return procinfo.fd_count(os.getpid())
 
 
 def os_threads() -> int:
-    return len(os.listdir("/proc/self/task"))
+    return procinfo.threads(os.getpid())
 
 
 def test_many_launches_with_kept_failures_leave_fds_and_threads_flat(runs_root):
@@ -511,19 +457,12 @@ def test_many_launches_with_kept_failures_leave_fds_and_threads_flat(runs_root):
     assert not child_processes()
 
 
-def parent_of(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        return int(f.read().rsplit(b")", 1)[1].split()[1])
-
-
 def test_signals_go_only_to_unreaped_ranks_of_this_launch(monkeypatch):
     sent = []
     real_killpg = os.killpg
 
     def checked_killpg(pgid, sig):
-        with open(f"/proc/{pgid}/stat", "rb") as f:  # still there: not reaped...
-            ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        sent.append((pgid, sig, ppid))
+        sent.append((pgid, sig, procinfo.parent(pgid)))  # None if reaped already: the check below fails
         real_killpg(pgid, sig)
 
     monkeypatch.setattr(launcher.procgroup.os, "killpg", checked_killpg)
@@ -533,7 +472,7 @@ def test_signals_go_only_to_unreaped_ranks_of_this_launch(monkeypatch):
     assert sent, "no group was signalled"
     assert info.value.run.start_mode == run.start_mode == "warm"
     server = warmstart.server_pid()
-    assert server and parent_of(server) == os.getpid()  # the fork server is our child
+    assert server and procinfo.parent(server) == os.getpid()  # the fork server is our child
     for pgid, _, ppid in sent:
         # ...and ours: a rank of this launch (our child, or our fork server's), whose pid is its group id
         assert ppid in (os.getpid(), server)

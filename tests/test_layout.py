@@ -1,6 +1,6 @@
 """The kit's one layout rule: kernel code and rank code meet only in the run folder.
 
-``train.py``, ``rank/``, ``forkserver/`` (the process warm ranks are forked from) and every
+``train.py``, ``rank/``, ``launcher/forkserver/`` (the process warm ranks are forked from) and every
 ``workers/`` folder are rank code; the exercises'
 ``skeletons/`` and ``solutions/`` are scripts the ranks run (the kernel copies and
 reads them as files). Everything else is kernel code: it runs in the notebook and
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "ddp_tutorial"
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 #: Folders whose files run on the ranks (or are scripts the ranks run), relative to the package.
-RANK_FOLDERS = ("rank", "forkserver", "exercises/skeletons", "exercises/solutions")
+RANK_FOLDERS = ("rank", "launcher/forkserver", "exercises/skeletons", "exercises/solutions")
 #: Notebooks known to import rank code, with the reason; each must still do so (strict xfail).
 KNOWN_RANK_IMPORTS: dict = {}  # notebook -> why it may import rank code (none may)
 
@@ -63,7 +63,8 @@ def imported_names(tree: ast.AST):
 def test_the_rule_sees_both_sides():
     kernel = {module_name(p) for p in kernel_modules()}
     assert {"ddp_tutorial.config", "ddp_tutorial.lessons", "ddp_tutorial.exercises.judge"} <= kernel
-    assert not kernel & {"ddp_tutorial.train", "ddp_tutorial.rank.original",
+    assert {"ddp_tutorial.launcher.warmstart", "ddp_tutorial.launcher.procgroup"} <= kernel
+    assert not kernel & {"ddp_tutorial.train", "ddp_tutorial.rank.original", "ddp_tutorial.launcher.forkserver.server",
                          "ddp_tutorial.exercises.workers.task", "ddp_tutorial.exercises.skeletons.wrap"}
     assert is_rank_module("ddp_tutorial.lessons.sampler_accumulation.workers.sampler_demo")
     assert not is_rank_module("ddp_tutorial.runfolder") and not is_rank_module("ddp_tutorial.ranking")

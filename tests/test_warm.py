@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import ddp_tutorial
-from ddp_tutorial import envvars, launch, launcher, warmstart
+from ddp_tutorial import envvars, launch, launcher
+from ddp_tutorial.launcher import procinfo, warmstart
 from conftest import pid_alive, processes_of_run
 from test_launcher import LAUNCH_IN_CHILD, SCRIPTS, _is_rank, wait_for
 
@@ -25,19 +26,19 @@ print(json.dumps({"random": random.random(), "numpy": float(numpy.random.rand())
 PROBE = '''
 import json, os, sys
 import torch  # as a DDP script does: rank 0 hosts the store from here on, in both
-def proc(name):
-    with open(f"/proc/self/{name}", "rb") as f:
-        return [os.fsdecode(s) for s in f.read().split(b"\\0") if s]
+from ddp_tutorial.launcher import procinfo
+me = os.getpid()
 umask = os.umask(0); os.umask(umask)
-fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+fds = procinfo.fds(me)
 print(json.dumps({
     "name": __name__, "file": __file__, "argv": sys.argv, "orig_argv": sys.orig_argv,
-    "path0": sys.path[0], "path": sys.path[1:], "cwd": os.getcwd(), "umask": umask,
-    "env": dict(os.environ), "proc_environ": proc("environ"), "cmdline": proc("cmdline"),
-    "fds": fds, "threads": len(os.listdir("/proc/self/task")), "pgid_is_pid": os.getpgid(0) == os.getpid(),
+    "path0": sys.path[0], "path": sys.path[1:], "cwd": os.getcwd(), "umask": umask, "env": dict(os.environ),
+    "proc_environ": [os.fsdecode(s) for s in procinfo.environ_bytes(me).split(b"\\0") if s],
+    "cmdline": procinfo.cmdline(me),
+    "fds": fds, "threads": procinfo.threads(me), "pgid_is_pid": os.getpgid(0) == os.getpid(),
     "sid_is_pid": os.getsid(0) == os.getpid(), "unbuffered": sys.stdout.write_through,
-    "stdin": os.path.realpath("/proc/self/fd/0"), "stdout_is_pipe": os.readlink("/proc/self/fd/1").startswith("pipe:"),
-    "same_out": os.readlink("/proc/self/fd/1") == os.readlink("/proc/self/fd/2"),
+    "stdin": procinfo.fd_target(me, 0), "stdout_is_pipe": procinfo.fd_target(me, 1).startswith("pipe:"),
+    "same_out": procinfo.fd_target(me, 1) == procinfo.fd_target(me, 2),
     "sigint": str(__import__("signal").getsignal(2)), "sigpipe": str(__import__("signal").getsignal(13)),
 }), flush=True)
 '''
@@ -100,7 +101,7 @@ def test_the_server_is_single_threaded_and_lives_in_its_own_session():
     launch(PRINT_LINES, 1, echo="none")
     server = warmstart.server_pid()
     assert server is not None
-    assert len(os.listdir(f"/proc/{server}/task")) == 1
+    assert procinfo.threads(server) == 1
     assert os.getsid(server) == server != os.getsid(0)
 
 
@@ -189,21 +190,16 @@ def test_the_server_and_its_ranks_die_with_a_killed_launcher(runs_root):
 
         ranks = wait_for(two_ranks, 60, "2 ranks")
         wait_for(lambda: len(processes_of_run(run_dir)) == 4, 10, "2 ranks and 2 grandchildren")
-        servers = {parent_of(p) for p in ranks}
+        servers = {procinfo.parent(p) for p in ranks}
         assert len(servers) == 1  # both forked by one server, the launcher's child
         server = servers.pop()
-        assert parent_of(server) == proc.pid and "forkserver/server.py" in Path(f"/proc/{server}/cmdline").read_text()
+        assert procinfo.parent(server) == proc.pid and warmstart.SERVER_SCRIPT in (procinfo.cmdline(server) or ())
     finally:
         proc.kill()  # SIGKILL: no Python cleanup runs in the launcher
         proc.wait()
     wait_for(lambda: not pid_alive(server), 5, "the fork server to die")
     wait_for(lambda: not any(pid_alive(p) for p in ranks), 5, "the ranks to die")
     wait_for(lambda: not processes_of_run(run_dir), 5, "what the ranks started to die")
-
-
-def parent_of(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        return int(f.read().rsplit(b")", 1)[1].split()[1])
 
 
 def test_the_server_has_what_ddp_imports_so_a_warm_rank_builds_ddp_without_importing(script_file):
@@ -213,7 +209,7 @@ def test_the_server_has_what_ddp_imports_so_a_warm_rank_builds_ddp_without_impor
     cold = launch(script, 1, echo="none", warm=False)
     assert (warm.start_mode, warm.output[0]) == ("warm", ["True"])
     assert (cold.start_mode, cold.output[0]) == ("cold", ["False"])
-    assert len(os.listdir(f"/proc/{warmstart.server_pid()}/task")) == 1
+    assert procinfo.threads(warmstart.server_pid()) == 1
 
 
 KERNEL_CODE = '''

@@ -20,7 +20,8 @@ it); read the modules in this order (docs/how-it-is-built.md follows one launch 
 - ``supervise``: the loop: attempts, fail-fast, deadlines, restarts, interrupts; the ``Run``.
 - ``start``: one attempt: warm or cold, each rank's environment, the store's socket (``net``).
 - ``workergroup``: one attempt's ranks, their output and exits, on one poll.
-- ``procgroup``: a rank's process group: start, signal, sweep, liveness; the group keeper.
+- ``procgroup``: a rank's process group: start, signal, sweep; the group keeper.
+- ``procinfo``: what /proc says about a process (every question the kit asks about one).
 - ``errors``: what ``launch`` raises.
 
 This package imports no torch, so a launch costs the kernel nothing up front.

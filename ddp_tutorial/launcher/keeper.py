@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import List, Optional, Set
 
 #: The keeper: reads ``+PGID``/``-PGID`` lines, kills the groups still listed at EOF.
-KEEPER_SCRIPT = str(Path(__file__).resolve().parent.parent / "group_keeper.py")
+KEEPER_SCRIPT = str(Path(__file__).resolve().parent / "group_keeper.py")
 
 _KEEPER: Optional[subprocess.Popen] = None
 _KEEPER_OWNER: Optional[int] = None

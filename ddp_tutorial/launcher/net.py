@@ -11,6 +11,8 @@ import random
 import socket
 from typing import Optional
 
+from ddp_tutorial.launcher import procinfo
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -59,12 +61,7 @@ def listener_ranges(low: int, high: int, floor: int = 20000, min_size: int = 100
 
 def ephemeral_range():
     """The OS's range for outgoing connections' ports, ``(low, high)`` inclusive."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low, high = (int(v) for v in f.read().split())
-        return low, high
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
+    return procinfo.ephemeral_port_range()
 
 
 def listen_socket() -> socket.socket:

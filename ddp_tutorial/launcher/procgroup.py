@@ -8,7 +8,8 @@ reaped: every signal here is sent before that (``killpg``, ``sweep``).
 If this process dies without running any code (SIGKILL, a crashed kernel), the
 ranks die by their parent-death signal, and the group keeper (``keeper.py``) kills
 their groups. The limit: a process that started a session of its own has left its
-rank's group, and nothing here reaches it. Standard library only.
+rank's group, and nothing here reaches it. What a process is (alive, its group's
+members) it asks ``procinfo``. Standard library only.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ import subprocess
 import time
 from typing import Iterable, List, Optional
 
-from ddp_tutorial import warmstart
-from ddp_tutorial.launcher import keeper
+from ddp_tutorial.launcher import keeper, procinfo, warmstart
 from ddp_tutorial.launcher.errors import LaunchError
 
 #: Seconds the kernel gets to reap a rank after SIGKILL; a rank stuck in the
@@ -102,7 +102,7 @@ def stop_session(p: subprocess.Popen, strays: Iterable[int] = (), grace: float =
     killpg(p, signal.SIGTERM)
     wait_for_exit(p, grace)
     end(p)  # SIGKILL to the group, leader included if it still runs
-    kill_groups_and_wait([pid for pid in strays if alive(pid)])
+    kill_groups_and_wait([pid for pid in strays if procinfo.alive(pid)])
 
 
 def kill_groups_and_wait(pids: List[int], timeout: float = KILL_WAIT_S) -> None:
@@ -146,45 +146,6 @@ def _wait_for_fds(fds: List[int], timeout: float) -> None:
         os.close(fd)
 
 
-def alive(pid: int) -> bool:
-    """Whether ``pid`` is a running process (a zombie, exited but not yet reaped, is not)."""
-    if not os.path.isdir("/proc/self"):  # no /proc here: ask the kernel (a zombie then counts as alive)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    stat = _stat(pid)
-    return stat is not None and stat[0] != b"Z"
-
-
-def _stat(pid) -> Optional[tuple]:
-    """(state, parent pid, process group) of ``pid`` from /proc, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state, ppid, pgrp = f.read().rsplit(b")", 1)[1].split()[:3]
-        return state, int(ppid), int(pgrp)
-    except (OSError, ValueError):  # gone meanwhile, or not ours to read
-        return None
-
-
-def live_members(pgid: int) -> List[int]:
-    """Processes of group ``pgid`` still running (not zombies), its leader aside; Linux's /proc, else []."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    members = []
-    for entry in entries:
-        if entry.isdigit() and int(entry) != pgid:
-            stat = _stat(entry)
-            if stat is not None and stat[2] == pgid and stat[0] != b"Z":
-                members.append(int(entry))
-    return members
-
-
 def wait_for_members(pgid: int, deadline: float) -> bool:
     """After a SIGKILL of group ``pgid``: wait until no member runs (True), or ``deadline`` (False).
 
@@ -192,7 +153,7 @@ def wait_for_members(pgid: int, deadline: float) -> bool:
     can be a while; returning before then would leave it visible after the launch.
     Called while the leader is an unreaped zombie, so the group id is still ours.
     """
-    while live_members(pgid):
+    while procinfo.group_members(pgid):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.005)  # no event announces that a group emptied, so look again shortly

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
-from ddp_tutorial import envvars, runfolder, warmstart
-from ddp_tutorial.launcher import net
+from ddp_tutorial import envvars, runfolder
+from ddp_tutorial.launcher import net, warmstart
 from ddp_tutorial.launcher.errors import LaunchError
 from ddp_tutorial.launcher.spec import PACKAGE_DIR, LaunchSpec
 from ddp_tutorial.launcher.workergroup import WorkerGroup

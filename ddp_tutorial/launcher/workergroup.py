@@ -18,8 +18,7 @@ import time
 import weakref
 from typing import Dict, List, Optional, Tuple
 
-from ddp_tutorial import warmstart
-from ddp_tutorial.launcher import procgroup
+from ddp_tutorial.launcher import procgroup, warmstart
 
 #: Seconds to read what the ranks wrote before they exited (what a grandchild
 #: that left their process group still holds open is not waited for longer).

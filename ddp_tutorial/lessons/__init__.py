@@ -26,7 +26,7 @@ import socket
 from typing import Dict, Iterator, List, Optional, Sequence
 
 from ddp_tutorial import config, mistakes as catalogue
-from ddp_tutorial.launcher import BOOTSTRAP, procgroup
+from ddp_tutorial.launcher import BOOTSTRAP, procinfo
 from ddp_tutorial.runfolder import Run
 
 # -- Notebook 00: the original demo's mistakes -----------------------------------
@@ -150,13 +150,10 @@ def _code_lines(path: str, function: str) -> List[str]:
 # -- What a launch leaves behind (notebooks 01 and 05) ----------------------------
 def worker_alive(pid: int) -> bool:
     """Is ``pid`` still a running launcher worker (not just any process that reused the pid)?"""
-    if not procgroup.alive(pid):
+    if not procinfo.alive(pid):
         return False
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return BOOTSTRAP.encode() in f.read()
-    except OSError:  # no /proc (not Linux) or it just exited: trust alive()
-        return True
+    words = procinfo.cmdline(pid)
+    return words is None or BOOTSTRAP in words  # None: no /proc (not Linux) or it just exited: trust alive()
 
 
 def port_can_be_bound(port: int, host: str = "127.0.0.1") -> bool:

@@ -12,8 +12,7 @@ import sys
 import time
 from typing import Dict, List
 
-from ddp_tutorial import warmstart
-from ddp_tutorial.launcher import launch, worker_script
+from ddp_tutorial.launcher import launch, procinfo, warmstart, worker_script
 from ddp_tutorial.perf.costmodel import median
 
 
@@ -45,14 +44,9 @@ def launch_phases(run, t0: float, t1: float) -> Dict[str, float]:
 
 def server_memory(pid: int) -> Dict[str, float]:
     """The fork server's resident memory (MB), its share of it (PSS, MB) and its thread count."""
-    with open(f"/proc/{pid}/status") as f:
-        rss_kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            pss_kb = next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
-    except (OSError, StopIteration):
-        pss_kb = float("nan")
-    return {"rss_mb": rss_kb / 1024, "pss_mb": pss_kb / 1024, "threads": len(os.listdir(f"/proc/{pid}/task"))}
+    kb = procinfo.memory_kb(pid) or {}
+    mb = {k: float("nan") if kb.get(k) is None else kb[k] / 1024 for k in ("rss", "pss")}
+    return {"rss_mb": mb["rss"], "pss_mb": mb["pss"], "threads": procinfo.threads(pid) or 0}
 
 
 def warm_launch_speed(world_size: int = 4, repeats: int = 5, timeout: float = 120.0) -> Dict:

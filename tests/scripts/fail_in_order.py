@@ -12,6 +12,7 @@ import sys
 import time
 
 from ddp_tutorial import runfolder
+from ddp_tutorial.launcher import procinfo  # a process that exits while asked about reads as gone
 
 rank = int(os.environ["RANK"])
 first = int(sys.argv[sys.argv.index("--first") + 1])
@@ -25,17 +26,9 @@ def wait_for_failure_of(other: int, limit_s: float = 60.0) -> dict:
     return runfolder.failure_notes(run_dir, 0).get(other, {})
 
 
-def running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except FileNotFoundError:
-        return False
-
-
 def wait_until_exited(other: int, limit_s: float = 60.0) -> None:
     pid, end = wait_for_failure_of(other, limit_s).get("pid"), time.monotonic() + limit_s
-    while pid and running(pid) and time.monotonic() < end:
+    while pid and procinfo.alive(pid) and time.monotonic() < end:
         time.sleep(0.002)
 
 

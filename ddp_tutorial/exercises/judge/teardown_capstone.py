@@ -15,13 +15,13 @@ from ddp_tutorial.exercises.judge.sampler_no_sync import (
     k_micro_steps, one_allreduce_per_step, reshuffled, same_as_one_process, shards)
 from ddp_tutorial.exercises.runs import HarnessRun
 from ddp_tutorial.exercises.settings import FAIL_AT_CALL, FAIL_RANK
-from ddp_tutorial.launcher import procgroup
+from ddp_tutorial.launcher import procinfo
 from ddp_tutorial.lessons import port_can_be_bound
 
 
 def nothing_left(harness_runs: Sequence[HarnessRun]) -> Criterion:
     pids = [pid for run in harness_runs for pid in run.pids]
-    left = [pid for pid in pids if procgroup.alive(pid)]
+    left = [pid for pid in pids if procinfo.alive(pid)]
     if left:
         return Criterion(NOTHING_LEFT, False, f"process(es) {left} still alive after the run")
     return Criterion(NOTHING_LEFT, True, f"the {len(pids)} processes started ({', '.join(map(str, pids))}) are gone")

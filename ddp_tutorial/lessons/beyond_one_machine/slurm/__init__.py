@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from ddp_tutorial.launcher import procgroup
+from ddp_tutorial.launcher import procinfo
 from ddp_tutorial.launcher import free_port
 
 HERE = Path(__file__).resolve().parent
@@ -130,12 +130,8 @@ class LocalCluster:
 
     def _is_ours(self, name: str, pid: int) -> bool:
         """``pid`` runs daemon ``name`` of this folder's cluster (its command line names both)."""
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                words = f.read().decode(errors="replace").split("\0")
-        except (FileNotFoundError, ProcessLookupError):
-            return False
-        return (procgroup.alive(pid) and os.path.basename(words[0]) == name.split("-")[0]
+        words = procinfo.cmdline(pid)
+        return (words is not None and procinfo.alive(pid) and os.path.basename(words[0]) == name.split("-")[0]
                 and any(str(self.folder) in w for w in words))
 
     def is_up(self) -> bool:
@@ -199,10 +195,10 @@ class LocalCluster:
         for pid in pids.values():
             _signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while any(procgroup.alive(p) for p in pids.values()) and time.monotonic() < deadline:
+        while any(procinfo.alive(p) for p in pids.values()) and time.monotonic() < deadline:
             time.sleep(0.05)  # polling the daemons' exit
         for pid in pids.values():
-            if procgroup.alive(pid):
+            if procinfo.alive(pid):
                 _signal(pid, signal.SIGKILL)
         for proc in self._procs:  # a learner's stop runs in another process: init reaps those
             proc.wait()

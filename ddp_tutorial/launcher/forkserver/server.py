@@ -38,7 +38,7 @@ import sys
 IDLE_S = 300.0
 #: The largest message: one rank's argv and environment.
 MAX_MESSAGE = 1 << 20
-RANK_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rank")
+RANK_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "rank")
 BOOTSTRAP = os.path.join(RANK_DIR, "bootstrap.py")
 
 

@@ -29,8 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ddp_tutorial import envvars
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-SERVER_SCRIPT = str(PACKAGE_DIR / "forkserver" / "server.py")
+SERVER_SCRIPT = str(Path(__file__).resolve().parent / "forkserver" / "server.py")
 #: ``DDP_TUTORIAL_WARM=0`` turns warm launches off for every ``launch`` of this process.
 #: Variables read while Python starts or torch is imported (the interpreter, the dynamic
 #: linker, OpenMP and BLAS, torch, the locale): a forked rank keeps the server's values, so
@@ -43,7 +42,7 @@ REAPPLIED_PER_RANK = ("TORCH_DISTRIBUTED_DEBUG",)
 #: Of rank 0's environment, what the server's own must not have: its orphan checks and
 #: ``ps e`` would take it for a rank of that run.
 #: Bytes of room the server's command line and environment get, which a forked rank
-#: rewrites to show its own (``/proc/<pid>/cmdline`` and ``environ``).
+#: rewrites to show its own (what ``ps`` and ``procinfo.cmdline``/``environ`` read).
 ARGV_ROOM, ENV_ROOM = 16 << 10, 64 << 10
 #: Seconds a server may take to import torch and say it is ready (at most half the launch's time).
 START_S = 60.0
