@@ -24,6 +24,7 @@ import pytest
 
 from ddp_tutorial import grade
 from ddp_tutorial.exercises import SOLUTIONS_DIR
+from ddp_tutorial.launcher import procinfo
 
 MISTAKES = Path(__file__).parent / "exercise_mistakes"
 TIMEOUT = 30.0
@@ -65,17 +66,13 @@ def tree_hash(folder: Path) -> str:
 def leftovers() -> list:
     """Live processes of the sandboxes' uids, or the detached child's command line."""
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            status = Path(f"/proc/{entry}/status").read_text()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        uid = int(re.search(r"^Uid:\s+(\d+)", status, re.M).group(1))
+    for pid in procinfo.pids():
+        uid, argv = procinfo.uid(pid), procinfo.cmdline(pid)
+        if uid is None or argv is None or not procinfo.alive(pid):
+            continue  # gone meanwhile
+        cmdline = " ".join(argv)
         if grade.UID_BASE <= uid < grade.UID_BASE + 64 or DAEMON in cmdline:
-            found.append((int(entry), uid, cmdline[:100]))
+            found.append((pid, uid, cmdline[:100]))
     return found
 
 

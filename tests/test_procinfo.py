@@ -28,7 +28,8 @@ def ask_everything(pid: int, token: str) -> dict:
             "group": procinfo.group(pid), "alive": procinfo.alive(pid), "cmdline": procinfo.cmdline(pid),
             "environ": procinfo.environ(pid), "environ_bytes": procinfo.environ_bytes(pid),
             "threads": procinfo.threads(pid), "fds": procinfo.fds(pid), "fd_count": procinfo.fd_count(pid),
-            "fd_target": procinfo.fd_target(pid, 0), "memory_kb": procinfo.memory_kb(pid)}
+            "fd_target": procinfo.fd_target(pid, 0), "memory_kb": procinfo.memory_kb(pid),
+            "uid": procinfo.uid(pid)}
 
 
 def check(a: dict, token: str) -> None:
@@ -47,6 +48,7 @@ def check(a: dict, token: str) -> None:
     assert a["fd_count"] is None or a["fd_count"] >= 0
     assert a["fd_target"] is None or isinstance(a["fd_target"], str)
     assert a["memory_kb"] is None or a["memory_kb"]["rss"] >= 0
+    assert a["uid"] in (None, os.getuid())
 
 
 def test_answers_about_processes_that_exit_while_asked_are_right_or_gone():
@@ -161,6 +163,7 @@ def test_the_answers_about_this_process():
     assert procinfo.stat(me) == (("R", os.getppid(), os.getpgid(0)))
     assert procinfo.cmdline(me)[0] == sys.orig_argv[0]
     assert procinfo.environ(me)["PATH"] == os.environ["PATH"]  # set before this process started
+    assert procinfo.uid(me) == os.getuid()
     assert procinfo.threads(me) >= threading.active_count()  # and torch's own, if it started any
     read, write = os.pipe()
     try:

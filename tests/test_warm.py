@@ -367,4 +367,4 @@ def test_a_fault_outside_the_script_ends_that_rank_with_a_report_and_the_server_
     fine = launch(PRINT_LINES, 2, echo="none")
     assert fine.start_mode == "warm" and fine.exit_codes == {0: 0, 1: 0}
     assert warmstart.server_pid() == server  # the same server served all three
-    assert len(os.listdir(f"/proc/{server}/task")) == 1
+    assert procinfo.threads(server) == 1

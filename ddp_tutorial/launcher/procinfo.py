@@ -142,6 +142,17 @@ def pids_with_env(name: str, value: str, prefix: bool = False) -> List[int]:
     return found
 
 
+def uid(pid: Pid) -> Optional[int]:
+    """The real user id ``pid`` runs as."""
+    for line in (_read(pid, "status") or b"").splitlines():
+        if line.startswith(b"Uid:"):
+            try:
+                return int(line.split()[1])
+            except _GONE:
+                return None
+    return None
+
+
 def threads(pid: Pid) -> Optional[int]:
     """How many OS threads ``pid`` has."""
     tasks = _listdir(f"/proc/{pid}/task")
