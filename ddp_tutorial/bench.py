@@ -5,7 +5,7 @@
     python -m ddp_tutorial.bench --out runs/bench
     python -m ddp_tutorial.bench --notebooks 5 --busy-core 2   # only the notebook suite, 5 rounds
     python -m ddp_tutorial.bench --sharding   # only notebook 10's measurements: DDP, ZeRO-1, FSDP2, compression
-    python -m ddp_tutorial.bench --grade      # only the grader: a class of 30 x 7 files, one check at a time, then 2
+    python -m ddp_tutorial.bench --grade      # only the grader: 30 learners, a file per exercise, 1 check at a time, then 2
 
 It prints one table: the all-reduce sweep and its α-β fit, buckets, overlap,
 accumulation, the scaling projection, and the kit's own speed as ratios measured
@@ -263,7 +263,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="alone: skip the rest and print notebook 10's measurements on 2 ranks: bytes "
                              "held per rank and sent per step under DDP, ZeRO-1 and FSDP2, compressed gradients")
     parser.add_argument("--grade", nargs="?", type=_positive_int, const=30, default=None, metavar="LEARNERS",
-                        help="alone: skip the rest and grade a generated class (30 learners x 7 exercises by "
+                        help="alone: skip the rest and grade a generated class (30 learners x every exercise by "
                              "default) with --jobs 1, then 2 (needs root: see docs/grading.md)")
     parser.add_argument("--grade-jobs", default="1,2", metavar="N,N",
                         help="with --grade: the --jobs values to compare (default: 1,2)")

@@ -187,7 +187,7 @@ def test_the_report_is_written_with_a_row_for_every_learner(graded):
     out = graded["out"]
     with open(out / "report.csv", encoding="utf-8") as f:
         rows = list(csv.reader(f))
-    assert rows[0] == ["learner", "init", "wrap", "sampler", "no_sync", "teardown", "capstone", "shard"]
+    assert rows[0] == ["learner", "init", "wrap", "sampler", "no_sync", "teardown", "capstone", "shard", "my_ddp"]
     assert sorted(r[0] for r in rows[1:]) == sorted(LEARNERS)
     page = (out / "report.html").read_text(encoding="utf-8")
     assert "<title>Exercise results: 18 learners</title>" in page and "forged" not in page
