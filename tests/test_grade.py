@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import zipfile
 from contextlib import redirect_stdout
@@ -91,6 +92,13 @@ def graded():
     victim = subs / "ana" / "init.py"
     report = out / "report.html"
     kit_file = grade.PACKAGE_ROOT / "__init__.py"
+    # A folder on sys.path under /tmp, as a kit or venv cloned into a temporary folder is: the sandbox
+    # gives the check a /tmp of its own, and must bind such a folder back into it.
+    kept_dir = Path(tempfile.mkdtemp(prefix="ddp-grade-kept-", dir="/tmp"))
+    kept_file = kept_dir / "kept.txt"
+    kept_file.write_text("kept")
+    kept_dir.chmod(0o755)
+    sys.path.append(str(kept_dir))
     files = {
         "ana/init.py": (SOLUTIONS_DIR / "init.py").read_bytes(),
         "ana/wrap.py": (SOLUTIONS_DIR / "wrap.py").read_bytes(),
@@ -119,7 +127,8 @@ def graded():
             + attempt("kit", f"open({str(kit_file)!r}, 'a').write('# x')")
             + attempt("tmp", "open('/tmp/ddp-grade-probe', 'w').write('x')")),
         "reader/init.py": probe(attempt("other learner", f"found['read'] = open({str(victim)!r}).read()[:20]")
-                                + attempt("list class", f"found['ls'] = os.listdir({str(subs)!r})")),
+                                + attempt("list class", f"found['ls'] = os.listdir({str(subs)!r})")
+                                + attempt("kept under /tmp", f"found['kept'] = open({str(kept_file)!r}).read()")),
         "deleter/init.py": probe(
             attempt("precious", f"os.remove({str(outside / 'precious.txt')!r})")
             + attempt("other learner", f"os.remove({str(victim)!r})")
@@ -153,6 +162,7 @@ def graded():
             result = grade.grade(subs, out, jobs=JOBS, timeout=TIMEOUT)
     finally:
         os.environ["HOME"] = old_home or "/root"
+        sys.path.remove(str(kept_dir))
     after = tree_hash(subs)
     left = leftovers()
     # A rerun with one file changed checks only that file.
@@ -164,6 +174,7 @@ def graded():
            "printed": printed.getvalue(), "outside": outside, "home": home, "rerun": rerun,
            "again": again.getvalue(), "kit_file": kit_file}
     shutil.rmtree(base, ignore_errors=True)
+    shutil.rmtree(kept_dir, ignore_errors=True)
     Path("/root/.ddp-grade-probe").unlink(missing_ok=True)
 
 
@@ -277,6 +288,7 @@ def test_another_learners_submission_cannot_be_read(graded):
     found = probed(graded, "reader")
     assert found["other learner"] == "FileNotFoundError" and "read" not in found
     assert found["list class"] == "ok" and found["ls"] == []  # the class's folder is there, and empty
+    assert found["kept under /tmp"] == "ok" and found["kept"] == "kept"  # what the kit needs stays readable
 
 
 def test_deleting_files_fails_everywhere(graded):

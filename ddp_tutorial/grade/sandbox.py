@@ -85,13 +85,22 @@ def hide(folder: str, keep: Sequence[str]) -> None:
     """An empty, read-only tmpfs over ``folder``, with only the paths in ``keep`` under it bound back, read-only.
 
     The teacher's home is hidden this way, although Python, the venv or the kit may live in it: those
-    come back, nothing else does. A path kept is opened before the tmpfs covers it, and bound from its fd.
+    come back, nothing else does.
+    """
+    cover(folder, keep, "size=64k,mode=0755", read_only=True)
+
+
+def cover(folder: str, keep: Sequence[str], options: str, read_only: bool) -> None:
+    """A fresh tmpfs (mount ``options``) over ``folder``, with the paths in ``keep`` under it bound back, read-only.
+
+    A path kept is opened before the tmpfs covers it, and bound from its fd. The check's own /tmp is
+    made this way too: a kit or venv that lives under /tmp (a clone in a temporary folder) stays visible.
     """
     if not os.path.isdir(folder):
         return
     inside = [p for p in keep if p != folder and p.startswith(folder.rstrip("/") + "/") and os.path.exists(p)]
     fds = [os.open(p, os.O_PATH | os.O_CLOEXEC) for p in inside]
-    _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
+    _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, options)
     for path, fd in zip(inside, fds):
         if os.path.isdir(f"/proc/self/fd/{fd}"):
             os.makedirs(path, exist_ok=True)
@@ -101,7 +110,8 @@ def hide(folder: str, keep: Sequence[str]) -> None:
         _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
         _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
         os.close(fd)
-    _mount(None, folder, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
+    if read_only:
+        _mount(None, folder, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, options)
 
 
 def loopback_up() -> None:
@@ -118,7 +128,7 @@ def prepare(spec: dict) -> str:
     make_everything_read_only()
     for folder in sorted(spec["hide"], key=len, reverse=True):  # the deepest first: an outer one covers it
         hide(folder, spec["keep"])
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['tmp_bytes']},mode=1777")
+    cover("/tmp", spec["keep"], f"size={spec['tmp_bytes']},mode=1777", read_only=False)
     if os.path.isdir("/dev/shm"):
         _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['shm_bytes']},mode=1777")
     loopback_up()
