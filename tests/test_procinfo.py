@@ -119,7 +119,7 @@ def reaped_between_open_and_read(monkeypatch):
 
     def open_then_reap(path, *args, **kwargs):
         f = real_open(path, *args, **kwargs)
-        if str(path).startswith(f"/proc/{child.pid}/") and child.returncode is None:
+        if str(path).startswith(procinfo.path(child.pid) + "/") and child.returncode is None:
             child.kill()
             child.wait()
         return f
@@ -133,7 +133,7 @@ def reaped_between_open_and_read(monkeypatch):
 def test_a_read_of_a_reaped_process_fails_with_esrch_as_the_race_does():
     # What the fixture stages is the race itself: the open succeeds, the read fails.
     child = subprocess.Popen(["sleep", "60"])
-    with open(f"/proc/{child.pid}/stat", "rb") as f:
+    with open(procinfo.path(child.pid, "stat"), "rb") as f:
         child.kill()
         child.wait()
         with pytest.raises(ProcessLookupError):
@@ -164,6 +164,7 @@ def test_the_answers_about_this_process():
     assert procinfo.cmdline(me)[0] == sys.orig_argv[0]
     assert procinfo.environ(me)["PATH"] == os.environ["PATH"]  # set before this process started
     assert procinfo.uid(me) == os.getuid()
+    assert "/" in [fields[4] for fields in procinfo.mountinfo()]  # the root mount, as the sandbox reads it
     assert procinfo.threads(me) >= threading.active_count()  # and torch's own, if it started any
     read, write = os.pipe()
     try:

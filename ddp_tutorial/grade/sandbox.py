@@ -34,6 +34,8 @@ import struct
 import sys
 from typing import List, Sequence
 
+from ddp_tutorial.launcher import procinfo
+
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 PR_SET_NO_NEW_PRIVS = 38
@@ -55,16 +57,14 @@ def _mount(source, target: str, fstype, flags: int, data=None) -> None:
 
 
 def _mount_points() -> List[tuple]:
-    """(mount point, its per-mount flags) of every mount this namespace has, from /proc/self/mountinfo."""
+    """(mount point, its per-mount flags) of every mount this namespace has (procinfo.mountinfo)."""
     points = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            point = fields[4].encode().decode("unicode_escape")  # "\040" is a space
-            options = fields[5].split(",")
-            flags = ((MS_NOSUID if "nosuid" in options else 0) | (MS_NODEV if "nodev" in options else 0)
-                     | (MS_NOEXEC if "noexec" in options else 0))
-            points.append((point, flags))
+    for fields in procinfo.mountinfo():
+        point = fields[4].encode().decode("unicode_escape")  # "\040" is a space
+        options = fields[5].split(",")
+        flags = ((MS_NOSUID if "nosuid" in options else 0) | (MS_NODEV if "nodev" in options else 0)
+                 | (MS_NOEXEC if "noexec" in options else 0))
+        points.append((point, flags))
     return points
 
 
@@ -102,12 +102,12 @@ def cover(folder: str, keep: Sequence[str], options: str, read_only: bool) -> No
     fds = [os.open(p, os.O_PATH | os.O_CLOEXEC) for p in inside]
     _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, options)
     for path, fd in zip(inside, fds):
-        if os.path.isdir(f"/proc/self/fd/{fd}"):
+        if os.path.isdir(procinfo.path("self", f"fd/{fd}")):
             os.makedirs(path, exist_ok=True)
         else:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             open(path, "a").close()
-        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        _mount(procinfo.path("self", f"fd/{fd}"), path, None, MS_BIND | MS_REC)
         _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
         os.close(fd)
     if read_only:

@@ -36,10 +36,21 @@ def has_proc() -> bool:
     return os.path.isdir("/proc/self")
 
 
+def path(pid: Pid, name: str = "") -> str:
+    """The path of /proc/<pid>/<name>: for what must name the file itself (a bind mount's source, a test
+    that stages a read racing an exit), not read it."""
+    return f"/proc/{pid}/{name}" if name else f"/proc/{pid}"
+
+
+def mountinfo() -> List[List[str]]:
+    """This process's mount table (/proc/self/mountinfo), one list of fields per mount; [] without /proc."""
+    return [line.split() for line in (_read("self", "mountinfo") or b"").decode(errors="replace").splitlines()]
+
+
 def _read(pid: Pid, name: str) -> Optional[bytes]:
     """The bytes of /proc/<pid>/<name>, or None if the process is gone or not ours."""
     try:
-        with open(f"/proc/{pid}/{name}", "rb") as f:
+        with open(path(pid, name), "rb") as f:
             return f.read()
     except _GONE:
         return None
