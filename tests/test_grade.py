@@ -28,7 +28,7 @@ from ddp_tutorial.exercises import SOLUTIONS_DIR
 from ddp_tutorial.launcher import procinfo
 
 MISTAKES = Path(__file__).parent / "exercise_mistakes"
-TIMEOUT = 30.0
+TIMEOUT = 15.0  # the shortest that still lets a right answer finish on a busy machine (2 checks at once)
 JOBS = 2
 #: A fork loop: fork until refused, each child exiting at once (unreaped, it still counts), then say when.
 FORK_LOOP = ("import json, os\nn = 0\nwhile True:\n    try:\n        pid = os.fork()\n"

@@ -20,13 +20,22 @@ def _notebook(path, source):
 def test_notebook_rounds_count_passes_per_notebook(tmp_path):
     _notebook(tmp_path / "a_passes.ipynb", "assert 1 + 1 == 2")
     _notebook(tmp_path / "b_fails.ipynb", "assert False, 'a false claim'")
-    result = selfcheck.notebook_rounds(rounds=2, busy_rounds=1, folder=str(tmp_path), echo=False)
-    assert result["per_notebook"]["a_passes.ipynb"]["passes"] == 2
+    # One round, beside a busy core: which rounds are busy is busy_schedule's (tested below).
+    result = selfcheck.notebook_rounds(rounds=1, busy_rounds=1, folder=str(tmp_path), echo=False)
+    assert result["per_notebook"]["a_passes.ipynb"]["passes"] == 1
     assert result["per_notebook"]["b_fails.ipynb"]["passes"] == 0
-    assert (result["passed"], result["runs"]) == (2, 4)
-    assert [r["busy_core"] for r in result["rounds"]] == [False, True]
+    assert "a false claim" in result["rounds"][0]["results"]["b_fails.ipynb"]["error"]
+    assert (result["passed"], result["runs"]) == (1, 2)
+    assert [r["busy_core"] for r in result["rounds"]] == [True]
     table = selfcheck.format_rounds(result)
-    assert "2/4 notebook runs passed" in table and "b_fails.ipynb" in table
+    assert "1/2 notebook runs passed" in table and "b_fails.ipynb" in table
+
+
+@pytest.mark.parametrize("rounds, busy, schedule", [
+    (2, 1, [False, True]), (5, 2, [False, False, False, True, True]), (3, 0, [False] * 3),
+    (2, 5, [True, True]), (1, -1, [False])])
+def test_the_last_rounds_are_the_busy_ones(rounds, busy, schedule):
+    assert selfcheck.busy_schedule(rounds, busy) == schedule
 
 
 def test_busy_core_spins_and_stops():

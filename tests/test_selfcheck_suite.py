@@ -90,3 +90,50 @@ def test_the_command_says_what_it_needs(capsys):
     with pytest.raises(SystemExit):
         selfcheck_main.main(["--notebooks", "2", "--torch", "2.6.0"])
     assert "--torch VERSION --tests notebooks" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        selfcheck_main.main(["--download-only"])
+    assert "--download-only goes with --torch VERSION alone" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        selfcheck_main.main(["--torch", "2.15.0", "--download-only", "--suite", "2"])
+    assert "--download-only goes with --torch VERSION alone" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("downloaded", ["complete", "complete-but-fails", "half", "none"])
+def test_the_venv_installs_from_downloaded_wheels_only_when_the_download_finished(tmp_path, monkeypatch,
+                                                                                 downloaded):
+    """pip's commands recorded, not run: a finished download installs without the network, the kit last."""
+    (tmp_path / "requirements.txt").write_text("torch==2.13.0\nmatplotlib\n-e .\n")
+    wheels = suite.wheels_folder("2.15.0", tmp_path)
+    if downloaded != "none":
+        wheels.mkdir()
+        (wheels / "torch-2.15.0-cp311-none-linux_x86_64.whl").write_bytes(b"")
+    if downloaded.startswith("complete"):
+        (wheels / suite.COMPLETE).write_text("torch==2.15.0\nmatplotlib\n")
+    commands, installed = [], []
+
+    def run(cmd, **kwargs):
+        cmd = [str(c) for c in cmd]
+        if "-r" in cmd:  # the requirements file exists only during the call
+            cmd.append("FILE:" + ",".join(Path(cmd[cmd.index("-r") + 1]).read_text().split()))
+        commands.append(cmd)
+        if downloaded == "complete-but-fails" and "--no-index" in cmd:
+            return suite.subprocess.CompletedProcess(cmd, 1)  # a wheel missing, say: pip exits 1
+        if cmd[1:4] == ["-m", "pip", "install"]:
+            installed.append(True)
+        return suite.subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(suite.subprocess, "run", run)
+    monkeypatch.setattr(suite, "torch_in", lambda python: "2.15.0+cu132" if installed else None)
+    suite.torch_venv("2.15.0", tmp_path, echo=lambda *_: None)
+    pips = [c[c.index("pip"):] for c in commands if "pip" in c]
+    if downloaded == "complete":
+        assert pips[0][:5] == ["pip", "install", "--quiet", "--no-index", "--find-links"]
+        assert pips[0][5] == str(wheels) and pips[0][-1] == "FILE:torch==2.15.0,matplotlib"  # no "-e ."
+        assert pips[1] == ["pip", "install", "--quiet", "--no-deps", "-e", str(tmp_path)]
+        assert not wheels.exists()  # a download cache only
+    elif downloaded == "complete-but-fails":  # then from the registry, as without a download
+        assert pips[0][3] == "--no-index" and len(pips) == 2
+        assert pips[1] == ["pip", "install", "--quiet", "-r", pips[1][4], "FILE:torch==2.15.0,matplotlib,-e,."]
+    else:
+        assert pips == [["pip", "install", "--quiet", "-r", pips[0][4], "FILE:torch==2.15.0,matplotlib,-e,."]]
+        assert wheels.exists() == (downloaded == "half")

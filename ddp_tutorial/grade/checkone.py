@@ -12,19 +12,17 @@ import fcntl
 import json
 import os
 import sys
-import time
 
 
 def main(argv) -> int:
     exercise, path, timeout, fd = argv[0], argv[1], float(argv[2]), int(argv[3])
     fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
     result_pipe = os.fdopen(fd, "w", encoding="utf-8")
-    from ddp_tutorial import exercises, launcher, warmstart
+    from ddp_tutorial import exercises, launcher
 
     # torch is imported once, by the fork server, before the first run's deadline starts: on a busy
     # machine the import alone can take most of a short deadline.
-    if launcher.prestart_fork_server() and warmstart._SERVER is not None:
-        warmstart._SERVER.wait_ready(time.monotonic() + warmstart.START_S)
+    launcher.fork_server_ready()
     result = exercises.check(exercise, path, timeout=timeout)
     json.dump({"passed": result.passed, "criteria": [list(c) for c in result.criteria],
                "message": result.message, "seconds": result.seconds}, result_pipe)

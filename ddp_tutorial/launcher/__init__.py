@@ -38,14 +38,14 @@ from ddp_tutorial.launcher.net import LOOPBACK, free_port, loopback_interface
 from ddp_tutorial.launcher.keeper import keeper_pid
 from ddp_tutorial.launcher.spec import (BOOTSTRAP, MAX_WORLD_SIZE, LaunchSpec, check_args_with, scripts_path,
                                        worker_script)
-from ddp_tutorial.launcher.start import prestart_fork_server
+from ddp_tutorial.launcher.start import fork_server_ready, prestart_fork_server
 from ddp_tutorial.launcher.supervise import run_attempts
 from ddp_tutorial.runfolder import Run
 
 __all__ = ["launch", "Run", "LaunchSpec", "LaunchError", "LaunchConfigError", "WorkerError", "LaunchTimeout",
            "describe_exit", "port_taken", "free_port", "loopback_interface", "LOOPBACK", "keeper_pid",
            "BOOTSTRAP", "MAX_WORLD_SIZE", "check_args_with", "scripts_path", "worker_script",
-           "prestart_fork_server"]
+           "prestart_fork_server", "fork_server_ready"]
 
 
 def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float = 120.0,

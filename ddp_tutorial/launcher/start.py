@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Sequence
@@ -140,6 +141,17 @@ def prestart_fork_server() -> bool:
     """
     default = LaunchSpec(target=(), world_size=1, run_dir=Path.cwd(), backend="gloo")
     return warmstart.prestart(rank_env(default, 0, 0, 0, "bind"))  # as a default launch's rank 0
+
+
+def fork_server_ready(timeout: float = warmstart.START_S) -> bool:
+    """Start the fork server (if none runs) and wait until it has imported torch; True if it is ready.
+
+    A launch's deadline counts from its call; a first warm launch waits for the server within
+    that deadline. Waiting here first keeps torch's import out of a short deadline (a check, a test).
+    """
+    prestart_fork_server()
+    server = warmstart._SERVER
+    return server is not None and server.wait_ready(time.monotonic() + timeout)
 
 
 # -- Scripts that must start cold -----------------------------------------------------

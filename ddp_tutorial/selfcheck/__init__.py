@@ -77,6 +77,12 @@ def notebook_round(notebooks: Sequence[Path], timeout: float = 900.0,
     return results
 
 
+def busy_schedule(rounds: int, busy_rounds: int) -> List[bool]:
+    """Which of ``rounds`` run beside a busy core: the last ``busy_rounds`` (clamped to 0..rounds)."""
+    busy_rounds = max(0, min(busy_rounds, rounds))
+    return [i >= rounds - busy_rounds for i in range(rounds)]
+
+
 def notebook_rounds(rounds: int = 1, busy_rounds: int = 0, folder: str = "notebooks",
                     timeout: float = 900.0, echo: bool = True) -> Dict:
     """Run the notebook suite ``rounds`` times; the last ``busy_rounds`` with one core kept busy.
@@ -95,10 +101,8 @@ def notebook_rounds(rounds: int = 1, busy_rounds: int = 0, folder: str = "notebo
     notebooks = sorted(Path(folder).glob("*.ipynb"))
     if not notebooks:
         return {"skipped": f"no notebooks in {folder!r}"}
-    busy_rounds = max(0, min(busy_rounds, rounds))
     done: List[Dict] = []
-    for i in range(rounds):
-        busy = i >= rounds - busy_rounds
+    for i, busy in enumerate(busy_schedule(rounds, busy_rounds)):
         with busy_core(busy):
             t0 = time.perf_counter()
             results = notebook_round(notebooks, timeout)

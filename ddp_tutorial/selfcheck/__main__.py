@@ -1,6 +1,7 @@
 """``python -m ddp_tutorial.selfcheck``: the kit checks itself (see ``selfcheck/suite.py``).
 
     python -m ddp_tutorial.selfcheck --torch 2.15.0 --no-pip-config --tests notebooks tests/test_launcher.py
+    python -m ddp_tutorial.selfcheck --torch 2.15.0 --no-pip-config --download-only   # wheels only, for later
     python -m ddp_tutorial.selfcheck --suite 6 --busy-core 2
     python -m ddp_tutorial.selfcheck --notebooks 5 --busy-core 2
 """
@@ -33,8 +34,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--no-pip-config", action="store_true",
                         help="pip ignores its configuration files while it builds the venv (a machine's cap "
                              "on torch versions); its PIP_* variables still apply")
+    parser.add_argument("--download-only", action="store_true",
+                        help="with --torch: only download its wheels (.wheels-torch-VERSION), for a later "
+                             "--torch VERSION to install without the network")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON (--suite)")
     args = parser.parse_args(argv)
+    if args.download_only:
+        if args.torch is None or args.suite is not None or args.notebooks is not None or args.tests:
+            parser.error("--download-only goes with --torch VERSION alone")
+        suite.download_torch(args.torch, suite.checkout(), args.no_pip_config)
+        return 0
     if args.suite is None and args.notebooks is None:
         if args.torch is None:
             parser.error("say what to run: --torch VERSION, --suite N or --notebooks N")

@@ -79,8 +79,57 @@ def pip_env(no_pip_config: bool) -> Dict[str, str]:
     return env
 
 
+def wheels_folder(version: str, root: Path) -> Path:
+    """Where ``download_torch`` keeps the wheels for ``.venv-torch-VERSION`` (gitignored)."""
+    return root / f".wheels-torch-{version}"
+
+
+#: Written into the wheels folder once every wheel is there: a half-finished download is never used.
+COMPLETE = "COMPLETE"
+
+
+def _pip_with_requirements(python, args: Sequence[str], lines: Sequence[str], root: Path,
+                           no_pip_config: bool) -> int:
+    """``python -m pip ARGS -r FILE`` with ``lines`` as FILE, run in the checkout; pip's exit status."""
+    with tempfile.NamedTemporaryFile("w", prefix="requirements-", suffix=".txt", delete=False) as f:
+        f.write("\n".join(lines) + "\n")
+    try:  # "-e ." is read relative to pip's working folder, the checkout
+        return subprocess.run([str(python), "-m", "pip", *args, "-r", f.name], cwd=root,
+                              env=pip_env(no_pip_config)).returncode
+    finally:
+        os.unlink(f.name)
+
+
+def download_torch(version: str, root: Path, no_pip_config: bool = False, echo=print) -> Path:
+    """Download the wheels ``torch_venv(version)`` installs into ``wheels_folder``, and install nothing.
+
+    A CUDA build is gigabytes: CI downloads it while the pinned suite runs (mostly waiting on the
+    network), and ``torch_venv`` then installs from the folder without the network.
+
+    Raises:
+        SystemExit: pip failed.
+    """
+    folder = wheels_folder(version, root)
+    (folder / COMPLETE).unlink(missing_ok=True)
+    folder.mkdir(exist_ok=True)
+    t0 = time.perf_counter()
+    lines = [line for line in requirements_with_torch((root / "requirements.txt").read_text(), version)
+             if not line.startswith("-e")]
+    code = _pip_with_requirements(sys.executable, ["download", "--quiet", "--dest", str(folder)], lines, root,
+                                  no_pip_config)
+    if code != 0:
+        raise SystemExit(f"error: downloading torch=={version}'s wheels into {folder} failed (pip exit {code})")
+    (folder / COMPLETE).write_text("\n".join(lines) + "\n")
+    echo(f"downloaded torch=={version} and the rest of requirements.txt into {folder} "
+         f"in {time.perf_counter() - t0:.0f} s")
+    return folder
+
+
 def torch_venv(version: str, root: Path, no_pip_config: bool = False, echo=print) -> Path:
     """``root/.venv-torch-VERSION`` with ``torch==version`` and the rest of requirements.txt, made once.
+
+    From ``wheels_folder`` without the network where ``download_torch`` filled it (the folder is
+    removed once installed), else from the registry.
 
     Raises:
         SystemExit: pip failed, or installed another torch than asked.
@@ -91,20 +140,27 @@ def torch_venv(version: str, root: Path, no_pip_config: bool = False, echo=print
     if same_release(found, version):
         echo(f"using {venv} (torch {found})")
         return venv
-    echo(f"building {venv}: torch=={version} and the rest of requirements.txt ...")
+    wheels = wheels_folder(version, root)
+    offline = (wheels / COMPLETE).exists()
+    echo(f"building {venv}: torch=={version} and the rest of requirements.txt"
+         + (f", from {wheels}" if offline else "") + " ...")
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    # "-e ." in it is read relative to pip's working folder, the checkout
-    with tempfile.NamedTemporaryFile("w", prefix="requirements-", suffix=".txt", delete=False) as f:
-        f.write("\n".join(requirements_with_torch((root / "requirements.txt").read_text(), version)) + "\n")
-    try:
-        done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r", f.name],
-                              cwd=root, env=pip_env(no_pip_config))
-    finally:
-        os.unlink(f.name)
+    lines = requirements_with_torch((root / "requirements.txt").read_text(), version)
+    if offline:
+        done = _pip_with_requirements(python, ["install", "--quiet", "--no-index", "--find-links", str(wheels)],
+                                      [line for line in lines if not line.startswith("-e")], root, no_pip_config)
+        if done == 0:  # the kit itself last: its build backend comes from the registry as usual
+            done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(root)],
+                                  env=pip_env(no_pip_config)).returncode
+        shutil.rmtree(wheels, ignore_errors=True)
+        if done != 0:
+            echo(f"installing from {wheels} failed (pip exit {done}): installing from the registry instead")
+    if not offline or done != 0:
+        done = _pip_with_requirements(python, ["install", "--quiet"], lines, root, no_pip_config)
     found = torch_in(python)
-    if done.returncode != 0 or not same_release(found, version):
-        raise SystemExit(f"error: installing torch=={version} in {venv} failed (pip exit {done.returncode}, "
+    if done != 0 or not same_release(found, version):
+        raise SystemExit(f"error: installing torch=={version} in {venv} failed (pip exit {done}, "
                          f"torch found: {found}); a version above this machine's pip cap needs --no-pip-config")
     echo(f"built {venv} with torch {found} in {time.perf_counter() - t0:.0f} s")
     return venv
