@@ -9,6 +9,7 @@ learner needs: the main thread's stack from the script on, and the
 
 from __future__ import annotations
 
+import linecache
 import re
 from typing import Dict, List, Optional, Tuple
 
@@ -16,6 +17,9 @@ from ddp_tutorial import runfolder
 
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$')
+#: What ``waiting_in`` says of a rank blocked in an async collective's ``Work.wait()``.
+ASYNC_WAIT = "Work.wait (an async collective's handle)"
+_WAIT_CALL = re.compile(r"(?<!\bos)\.wait\(")  # not os.wait(): that waits for a child process
 #: Frames of the machinery that starts a rank, left out of what a learner reads.
 _MACHINERY = ("/rank/bootstrap.py", "/forkserver/server.py", "/runpy.py", "<frozen runpy>")
 
@@ -64,6 +68,10 @@ def waiting_in(text: str) -> Optional[str]:
         path = file.replace("\\", "/")
         if "/torch/distributed/" in path or path.endswith("torch/nn/parallel/distributed.py"):
             return func
+    # An async collective's handle (``work = dist.all_reduce(t, async_op=True)``) waits in C++:
+    # no Python frame of torch, only the script's line that calls ``.wait()``.
+    if frames and _WAIT_CALL.search(linecache.getline(frames[-1][0], int(frames[-1][1]))):
+        return ASYNC_WAIT
     return None
 
 

@@ -29,6 +29,8 @@ WRONG_ANSWERS = [
     ("my_ddp_frozen_hook", {my_ddp.RAN: ["a hook on a frozen parameter", "doesn't require gradient"]}, []),
     ("my_ddp_no_broadcast", {my_ddp.BROADCAST: ["no broadcast at construction"]},
      [my_ddp.SAME, my_ddp.OVERLAP, my_ddp.NO_SYNC]),
+    ("my_ddp_bucket_order", {my_ddp.ORDER: ["Buckets built in an order that differs across ranks",
+                                            "sum the wrong tensors, or wait for ever"]}, [my_ddp.BROADCAST]),
     ("my_ddp_hooks_on_a_copy", {my_ddp.SAME: ["hooks registered on another model", "none on the module it was given"]},
      [my_ddp.RAN]),
 ]

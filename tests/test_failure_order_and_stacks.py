@@ -89,6 +89,19 @@ Current thread 0x00007f0000000002 (most recent call first):
         "c10d_logger.py", "x.py").replace("torch/distributed", "torch/nn")) is None
 
 
+@pytest.mark.parametrize("line, waits", [("    work.wait()", stacks.ASYNC_WAIT),
+                                         ("    handle.wait(timeout=timedelta(seconds=5))", stacks.ASYNC_WAIT),
+                                         ("    os.wait()", None), ("    x = compute()", None)])
+def test_a_rank_blocked_on_an_async_handle_is_said_to_wait_on_it(tmp_path, line, waits):
+    """Work.wait() is C++: the innermost Python frame is the script's line that calls it."""
+    script = tmp_path / "my_ddp.py"
+    script.write_text("import os\n\ndef finish(work):\n" + line + "\n")
+    dump = (f'Current thread 0x00007f0000000002 (most recent call first):\n'
+            f'  File "{script}", line 4 in finish\n  File "{script}", line 9 in <module>\n'
+            f'  File "/x/ddp_tutorial/rank/bootstrap.py", line 360 in <module>\n')
+    assert stacks.waiting_in(dump) == waits
+
+
 def test_a_failure_that_says_a_peer_went_away_comes_after_the_failure_that_caused_it():
     from ddp_tutorial.launcher.supervise import failure_order
 

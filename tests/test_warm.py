@@ -368,3 +368,36 @@ def test_a_fault_outside_the_script_ends_that_rank_with_a_report_and_the_server_
     assert fine.start_mode == "warm" and fine.exit_codes == {0: 0, 1: 0}
     assert warmstart.server_pid() == server  # the same server served all three
     assert procinfo.threads(server) == 1
+
+
+def _server_module():
+    """forkserver/server.py loaded by path, as the launcher starts it (no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ddp_fork_server_under_test", warmstart.SERVER_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_server_skips_a_preimport_that_would_put_a_folder_on_sys_path(tmp_path, monkeypatch):
+    server = _server_module()
+    pkg = tmp_path / "pathprobe"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "appends.py").write_text("import sys, tempfile\n_DIR = tempfile.mkdtemp()\nsys.path.append(_DIR)\n")
+    (pkg / "inserts.py").write_text("import sys\nif True:\n    pass\nsys.path.insert(0, '/nowhere')\n")
+    (pkg / "later.py").write_text("import sys\n\ndef add():\n    sys.path.append('/nowhere')\n")
+    (pkg / "plain.py").write_text("import sys\nPATH = list(sys.path)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert server.import_changes_sys_path("pathprobe.appends")
+    assert server.import_changes_sys_path("pathprobe.inserts")
+    assert not server.import_changes_sys_path("pathprobe.later")  # only when called
+    assert not server.import_changes_sys_path("pathprobe.plain")
+    assert not server.import_changes_sys_path("pathprobe.missing")  # its import fails: nothing changes
+    # This torch's module, judged against what importing it really does (a fresh process).
+    probe = ("import json, sys\nbefore = list(sys.path)\nimport " + server.DYNAMO_PATH_CHANGER
+             + "\nprint(json.dumps(sys.path != before))")
+    really = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                       check=True).stdout)
+    assert server.import_changes_sys_path(server.DYNAMO_PATH_CHANGER) == really

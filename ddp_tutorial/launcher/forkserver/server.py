@@ -242,6 +242,37 @@ class Server:
         self.zombies[pid] = pidfd
         self.send({"exited": pid, "code": code})
 
+#: Imported by torch._dynamo; up to torch 2.6 (at least) it appends a temporary folder to sys.path
+#: when imported (for RemoteModule's generated templates).
+DYNAMO_PATH_CHANGER = "torch.distributed.nn.jit.instantiator"
+
+
+def import_changes_sys_path(module: str) -> bool:
+    """Whether importing ``module`` changes ``sys.path``: a top-level ``sys.path.<method>(...)`` call
+    in its source, read without importing it. Unreadable source counts as a change (the safe answer)."""
+    import ast
+
+    try:
+        spec = importlib.util.find_spec(module)
+        source = spec.loader.get_source(module) if spec and spec.loader else None
+    except ModuleNotFoundError:
+        return False  # importing it fails: it changes nothing
+    except (ImportError, ValueError, AttributeError):
+        return True
+    if source is None:
+        return spec is not None  # compiled only: cannot tell; a missing module changes nothing
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return True
+    for node in tree.body:
+        call = node.value if isinstance(node, ast.Expr) else None
+        target = call.func.value if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) else None
+        if ast.unparse(target) == "sys.path" if target is not None else False:
+            return True
+    return False
+
+
 def main() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
     launcher_pid = int(sys.argv[2])
@@ -255,8 +286,10 @@ def main() -> None:
     try:
         # DDP's constructor imports torch._dynamo: about 1.2 s of CPU per rank, paid by every
         # rank that wraps a model. Imported here once, a rank's DDP(model) takes milliseconds.
-        # It starts no thread (checked below, with the rest).
-        importlib.import_module("torch._dynamo")
+        # It starts no thread (checked below, with the rest). Not where that import would put a
+        # folder on sys.path: a warm rank would start with it, where a cold one has none.
+        if not import_changes_sys_path(DYNAMO_PATH_CHANGER):
+            importlib.import_module("torch._dynamo")
     except Exception:  # ranks import it themselves, as cold ones do
         pass
     gc.freeze()  # what torch made stays shared with the ranks: the collector would touch (copy) it

@@ -1,0 +1,59 @@
+"""Exercise "my_ddp", wrong: buckets built in an order that differs across ranks (shuffled with each rank's own random state)."""
+
+import contextlib
+import random
+
+import torch
+import torch.distributed as dist
+
+
+class MyDDP(torch.nn.Module):
+    def __init__(self, module, bucket_cap_mb=25.0):
+        super().__init__()
+        self.module, self.sync = module, True
+        self.world_size = dist.get_world_size()
+        with torch.no_grad():  # every rank starts from rank 0's parameters and buffers
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor, src=0)
+        # Wrong: the parameters shuffled "to balance the buckets", with this rank's own random state,
+        # so each rank builds its buckets in another order (a set, or sorting by id(), does it too).
+        cap, self.buckets, size = bucket_cap_mb * 2**20, [[]], 0
+        params = [p for p in module.parameters() if p.requires_grad]
+        random.shuffle(params)
+        for p in params:
+            if self.buckets[-1] and size + p.numel() * p.element_size() > cap:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += p.numel() * p.element_size()
+        self.bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self.arrived, self.launched = [0] * len(self.buckets), []
+        for p in self.bucket_of:
+            p.register_post_accumulate_grad_hook(self._arrive)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def _arrive(self, p):
+        if not self.sync:
+            return
+        i = self.bucket_of[p]
+        self.arrived[i] += 1
+        if self.arrived[i] == len(self.buckets[i]):  # the bucket's last gradient: launch it now
+            flat = torch.cat([q.grad.reshape(-1) for q in self.buckets[i]]).div_(self.world_size)
+            self.launched.append((i, flat, dist.all_reduce(flat, async_op=True)))
+
+    def finish_gradient_synchronization(self):
+        for i, flat, handle in self.launched:
+            handle.wait()  # before the optimizer reads the gradients
+            for p, part in zip(self.buckets[i], flat.split([q.numel() for q in self.buckets[i]])):
+                p.grad.copy_(part.view_as(p.grad))
+        self.launched, self.arrived = [], [0] * len(self.buckets)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.sync = False
+        try:
+            yield
+        finally:
+            self.sync = True
