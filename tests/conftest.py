@@ -1,6 +1,8 @@
 """Shared fixtures: every test's runs go to a temporary folder, and orphan checks."""
 
+import contextlib
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,19 @@ def processes_of_run(run_dir) -> list:
 
 
 pid_alive = procinfo.alive  # the name the tests import
+
+
+@contextlib.contextmanager
+def only_checks(cpu_s: float = 1.0, wall_s: float = 10.0):
+    """The block only checks its input: under ``cpu_s`` of this process's CPU, which a busy machine
+    does not stretch (its wall clock does: 1.3 s seen for what was a 1 s wall bound), and under
+    ``wall_s`` of wall time, which rules out waiting (for the fork server, a deadline or a peer).
+    That it starts nothing is checked apart: no process and no run folder left."""
+    wall0, cpu0 = time.monotonic(), time.process_time()
+    yield
+    cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+    assert cpu < cpu_s, f"{cpu:.2f} s of CPU: more than checking costs"
+    assert wall < wall_s, f"{wall:.1f} s: it waited for something"
 
 
 def _leftovers(base: Path) -> list:

@@ -31,7 +31,7 @@ from ddp_tutorial import (TRAIN_SCRIPT, LaunchConfigError, LaunchError, LaunchTi
 from ddp_tutorial.rank.checkpoint import CheckpointError, save_checkpoint, temp_files
 from ddp_tutorial.launcher import procinfo, warmstart
 from ddp_tutorial.runfolder import MetricsWriter, Run, counted
-from conftest import processes_of_run
+from conftest import only_checks, processes_of_run
 from test_launcher import wait_for
 
 #: Generated cases run, by outcome (printed at the end of the module).
@@ -131,11 +131,9 @@ def test_workers_pin_gloo_and_nccl_to_the_loopback_interface(tmp_path):
 
 # -- 2. Every bad input is refused before anything starts ---------------------------
 def assert_refused(call, names, runs_root, created=()):
-    """``call()`` raises LaunchConfigError naming ``names``, within 1 s, starting nothing."""
-    t0 = time.monotonic()
-    with pytest.raises(LaunchConfigError) as info:
+    """``call()`` raises LaunchConfigError naming ``names``, only checking (``only_checks``), starting nothing."""
+    with only_checks(), pytest.raises(LaunchConfigError) as info:
         call()
-    assert time.monotonic() - t0 < 1.0
     for name in names:
         assert name in str(info.value), str(info.value)
     assert not child_processes()
@@ -674,17 +672,17 @@ def test_generated_training_flags_are_refused_or_checked(runs_root, monkeypatch,
             assert math.isfinite(value)
         assert parsed.bucket_cap_mb is None or math.isfinite(parsed.bucket_cap_mb)
         assert parsed.lr > 0 and parsed.epochs >= 1 and 0 <= parsed.fail_rank < world_size
-    t0 = time.monotonic()
-    try:
-        launch(TRAIN_SCRIPT, world_size, argv, echo="none")
-        pytest.fail("the stub starts nothing, so launch cannot return")
-    except LaunchConfigError:
-        assert parsed is None and folders() == before
-        COUNTS["flags refused"] += 1
-    except Sentinel:
-        assert parsed is not None and len(folders() - before) == 1  # its run folder, then the stub
-        COUNTS["flags accepted"] += 1
-    assert time.monotonic() - t0 < 1.0 and not child_processes()
+    with only_checks():
+        try:
+            launch(TRAIN_SCRIPT, world_size, argv, echo="none")
+            pytest.fail("the stub starts nothing, so launch cannot return")
+        except LaunchConfigError:
+            assert parsed is None and folders() == before
+            COUNTS["flags refused"] += 1
+        except Sentinel:
+            assert parsed is not None and len(folders() - before) == 1  # its run folder, then the stub
+            COUNTS["flags accepted"] += 1
+    assert not child_processes()
     from ddp_tutorial import __main__ as cli
 
     try:
