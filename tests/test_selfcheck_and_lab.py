@@ -1,5 +1,6 @@
 """The kit's self-check (notebook rounds) and the lab's exact measurements."""
 
+import contextlib
 import json
 
 import pytest
@@ -17,11 +18,22 @@ def _notebook(path, source):
         "nbformat": 4, "nbformat_minor": 5}))
 
 
-def test_notebook_rounds_count_passes_per_notebook(tmp_path):
+def test_notebook_rounds_count_passes_per_notebook(tmp_path, monkeypatch):
     _notebook(tmp_path / "a_passes.ipynb", "assert 1 + 1 == 2")
     _notebook(tmp_path / "b_fails.ipynb", "assert False, 'a false claim'")
-    # One round, beside a busy core: which rounds are busy is busy_schedule's (tested below).
+    # One round, marked busy: which rounds are busy is busy_schedule's (tested below), and the spinner
+    # busy_core's (test_busy_core_spins_and_stops). Here it records that it was on for the round: a
+    # real one would take a core from the other tests for the whole round.
+    spins = []
+
+    @contextlib.contextmanager
+    def recorded_busy_core(on=True):
+        spins.append(on)
+        yield None
+
+    monkeypatch.setattr(selfcheck, "busy_core", recorded_busy_core)
     result = selfcheck.notebook_rounds(rounds=1, busy_rounds=1, folder=str(tmp_path), echo=False)
+    assert spins == [True]
     assert result["per_notebook"]["a_passes.ipynb"]["passes"] == 1
     assert result["per_notebook"]["b_fails.ipynb"]["passes"] == 0
     assert "a false claim" in result["rounds"][0]["results"]["b_fails.ipynb"]["error"]
