@@ -249,21 +249,31 @@ DYNAMO_PATH_CHANGER = "torch.distributed.nn.jit.instantiator"
 
 def import_changes_sys_path(module: str) -> bool:
     """Whether importing ``module`` changes ``sys.path``: a top-level ``sys.path.<method>(...)`` call
-    in its source, read without importing it. Unreadable source counts as a change (the safe answer)."""
+    in its source file, found from its top-level package's folder and read without importing it or
+    its parent packages (``find_spec`` would import those: torch.distributed.nn imports the very
+    module asked about). A missing module changes nothing; one without readable source counts as
+    a change (the safe answer)."""
     import ast
 
+    top, *rest = module.split(".")
     try:
-        spec = importlib.util.find_spec(module)
-        source = spec.loader.get_source(module) if spec and spec.loader else None
-    except ModuleNotFoundError:
-        return False  # importing it fails: it changes nothing
-    except (ImportError, ValueError, AttributeError):
-        return True
-    if source is None:
-        return spec is not None  # compiled only: cannot tell; a missing module changes nothing
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    folders = list(spec.submodule_search_locations or [])
+    candidates = [os.path.join(f, *rest) + ".py" for f in folders] + \
+                 [os.path.join(f, *rest, "__init__.py") for f in folders]
+    found = next((c for c in candidates if os.path.isfile(c)), None)
+    if found is None:  # compiled only (name.*.so, name.pyc): cannot tell; else there is no such module
+        return any(name.startswith(rest[-1] + ".") for f in folders if rest
+                   for name in (os.listdir(os.path.join(f, *rest[:-1])) if os.path.isdir(os.path.join(f, *rest[:-1]))
+                                else []))
     try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+        with open(found, "rb") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
         return True
     for node in tree.body:
         call = node.value if isinstance(node, ast.Expr) else None
