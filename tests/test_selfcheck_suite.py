@@ -127,15 +127,13 @@ def test_the_venv_installs_from_downloaded_wheels_only_when_the_download_finishe
     suite.torch_venv("2.15.0", tmp_path, echo=lambda *_: None)
     pips = [c[c.index("pip"):] for c in commands if "pip" in c]
     if downloaded == "complete":
-        assert pips[0][:6] == ["pip", "install", "--quiet", "--no-compile", "--no-index", "--find-links"]
-        assert pips[0][6] == str(wheels) and pips[0][-1] == "FILE:torch==2.15.0,matplotlib"  # no "-e ."
+        assert pips[0][:5] == ["pip", "install", "--quiet", "--no-index", "--find-links"]
+        assert pips[0][5] == str(wheels) and pips[0][-1] == "FILE:torch==2.15.0,matplotlib"  # no "-e ."
         assert pips[1] == ["pip", "install", "--quiet", "--no-deps", "-e", str(tmp_path)]
         assert not wheels.exists()  # a download cache only
     elif downloaded == "complete-but-fails":  # then from the registry, as without a download
-        assert pips[0][4] == "--no-index" and len(pips) == 2
-        assert pips[1] == ["pip", "install", "--quiet", "--no-compile", "-r", pips[1][5],
-                           "FILE:torch==2.15.0,matplotlib,-e,."]
+        assert pips[0][3] == "--no-index" and len(pips) == 2
+        assert pips[1] == ["pip", "install", "--quiet", "-r", pips[1][4], "FILE:torch==2.15.0,matplotlib,-e,."]
     else:
-        assert pips == [["pip", "install", "--quiet", "--no-compile", "-r", pips[0][5],
-                         "FILE:torch==2.15.0,matplotlib,-e,."]]
+        assert pips == [["pip", "install", "--quiet", "-r", pips[0][4], "FILE:torch==2.15.0,matplotlib,-e,."]]
         assert wheels.exists() == (downloaded == "half")

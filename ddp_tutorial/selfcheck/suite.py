@@ -84,9 +84,6 @@ def wheels_folder(version: str, root: Path) -> Path:
     return root / f".wheels-torch-{version}"
 
 
-#: pip writes no .pyc files: Python writes those of the modules the tests import, when they first
-#: do (a fraction of torch's several thousand files); compiling all at install costs a minute of CPU.
-NO_COMPILE = ("--no-compile",)
 #: Written into the wheels folder once every wheel is there: a half-finished download is never used.
 COMPLETE = "COMPLETE"
 
@@ -151,8 +148,7 @@ def torch_venv(version: str, root: Path, no_pip_config: bool = False, echo=print
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
     lines = requirements_with_torch((root / "requirements.txt").read_text(), version)
     if offline:
-        done = _pip_with_requirements(python, ["install", "--quiet", *NO_COMPILE, "--no-index",
-                                               "--find-links", str(wheels)],
+        done = _pip_with_requirements(python, ["install", "--quiet", "--no-index", "--find-links", str(wheels)],
                                       [line for line in lines if not line.startswith("-e")], root, no_pip_config)
         if done == 0:  # the kit itself last: its build backend comes from the registry as usual
             done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(root)],
@@ -161,7 +157,7 @@ def torch_venv(version: str, root: Path, no_pip_config: bool = False, echo=print
         if done != 0:
             echo(f"installing from {wheels} failed (pip exit {done}): installing from the registry instead")
     if not offline or done != 0:
-        done = _pip_with_requirements(python, ["install", "--quiet", *NO_COMPILE], lines, root, no_pip_config)
+        done = _pip_with_requirements(python, ["install", "--quiet"], lines, root, no_pip_config)
     found = torch_in(python)
     if done != 0 or not same_release(found, version):
         raise SystemExit(f"error: installing torch=={version} in {venv} failed (pip exit {done}, "
