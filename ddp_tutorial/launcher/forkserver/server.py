@@ -266,21 +266,17 @@ def import_changes_sys_path(module: str) -> bool:
     candidates = [os.path.join(f, *rest) + ".py" for f in folders] + \
                  [os.path.join(f, *rest, "__init__.py") for f in folders]
     found = next((c for c in candidates if os.path.isfile(c)), None)
-    if found is None:  # compiled only (name.*.so, name.pyc): cannot tell; else there is no such module
-        return any(name.startswith(rest[-1] + ".") for f in folders if rest
-                   for name in (os.listdir(os.path.join(f, *rest[:-1])) if os.path.isdir(os.path.join(f, *rest[:-1]))
-                                else []))
+    if found is None:  # compiled only (name.*.so): cannot tell; else there is no such module
+        parents = [os.path.join(f, *rest[:-1]) for f in folders if rest]
+        return any(name.startswith(rest[-1] + ".") for p in parents if os.path.isdir(p) for name in os.listdir(p))
     try:
         with open(found, "rb") as f:
             tree = ast.parse(f.read())
     except (OSError, SyntaxError, ValueError):
         return True
-    for node in tree.body:
-        call = node.value if isinstance(node, ast.Expr) else None
-        target = call.func.value if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) else None
-        if ast.unparse(target) == "sys.path" if target is not None else False:
-            return True
-    return False
+    return any(isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+               and isinstance(node.value.func, ast.Attribute) and ast.unparse(node.value.func.value) == "sys.path"
+               for node in tree.body)
 
 
 def main() -> None:
