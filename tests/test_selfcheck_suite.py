@@ -137,3 +137,19 @@ def test_the_venv_installs_from_downloaded_wheels_only_when_the_download_finishe
     else:
         assert pips == [["pip", "install", "--quiet", "-r", pips[0][4], "FILE:torch==2.15.0,matplotlib,-e,."]]
         assert wheels.exists() == (downloaded == "half")
+
+
+def test_a_run_of_many_shows_only_pytests_progress_lines_each_after_its_run(tmp_path, capsys):
+    # A stand-in for the venv's python: it prints what pytest prints, and writes no report.
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho '============ test session starts ============'\necho 'collected 3 items'\n"
+                    "echo '..F                                  [ 66%]'\necho '.                                    [100%]'\n"
+                    "echo 'FAILED tests/test_x.py::test_y - AssertionError'\necho '1 failed, 3 passed in 2.00s'\n"
+                    "exit 1\n")
+    fake.chmod(0o755)
+    result = suite.run_tests(fake, tmp_path, echo=False, progress="run 2/6: ")
+    assert capsys.readouterr().out.splitlines() == ["run 2/6: ..F                                  [ 66%]",
+                                                    "run 2/6: .                                    [100%]"]
+    assert result["returncode"] == 1 and result["summary"] == "1 failed, 3 passed in 2.00s" and result["cases"] == {}
+    suite.run_tests(fake, tmp_path, echo=False)  # neither: nothing printed
+    assert capsys.readouterr().out == ""

@@ -190,9 +190,18 @@ def junit_cases(path: Path) -> Dict[str, Dict]:
     return cases
 
 
+#: A line of pytest's progress: its outcome letters, then how far the run is (``[ 49%]``).
+PROGRESS_LINE = re.compile(r"\[\s*\d+%\]\s*$")
+
+
 def run_tests(python: Path, cwd: Path, tests: Sequence[str] = (), timeout: float = 3600.0,
-              env: Optional[Dict[str, str]] = None, echo: bool = True) -> Dict:
+              env: Optional[Dict[str, str]] = None, echo: bool = True, progress: Optional[str] = None) -> Dict:
     """The README's test command (``pytest`` [TESTS]) with ``python`` in ``cwd``.
+
+    Args:
+        echo: print pytest's output as it comes.
+        progress: without ``echo``, print only pytest's progress lines (``....F.. [ 49%]``), each after
+            this prefix: a long run of many still shows how far it is and what failed so far.
 
     Returns:
         ``returncode``, ``seconds`` (wall), ``cases`` (``junit_cases``), ``summary`` (pytest's
@@ -214,6 +223,8 @@ def run_tests(python: Path, cwd: Path, tests: Sequence[str] = (), timeout: float
                 lines.append(line.rstrip("\n"))
                 if echo:
                     print(line, end="", flush=True)
+                elif progress is not None and PROGRESS_LINE.search(line):
+                    print(f"{progress}{line.strip()}", flush=True)
             returncode = proc.wait(timeout=max(1.0, timeout - (time.perf_counter() - t0)))
         except subprocess.TimeoutExpired:
             proc.kill()
@@ -281,7 +292,8 @@ def suite_runs(runs: int, busy_runs: int = 0, tests: Sequence[str] = (), torch: 
                                check=True, env=pip_env(no_pip_config))
                 busy = i >= runs - busy_runs
                 with busy_core(busy):
-                    result = run_tests(python, where, tests, timeout, echo=False)
+                    result = run_tests(python, where, tests, timeout, echo=False,
+                                       progress=f"run {i + 1}/{runs}: " if echo else None)
                 result["busy_core"] = busy
                 done.append(result)
                 shutil.rmtree(where, ignore_errors=True)
