@@ -342,6 +342,23 @@ def test_after_a_crash_what_could_not_be_measured_is_not_measured_not_a_false_cr
     assert_nothing_left(result, tmp_path)
 
 
+def test_a_rank_stopped_before_its_all_reduce_is_not_said_to_have_skipped_it():
+    """Rank 0 failed after its async all_reduce; the launcher stopped rank 1 before it got there (records by hand)."""
+    from ddp_tutorial.exercises.runs import HarnessRun
+
+    enter = {"event": "collective_enter", "op": "all_reduce", "n": 1, "input": [1.0], "async": True}
+    run = HarnessRun("launch", 2, 30.0, records={0: [enter], 1: []})
+    run.failed_rank, run.failure = 0, "rank 0 failed (exit code -6)"
+    (name, passed, detail), = [c for c in judge.judge_init(run) if c[0] == judge.ALL_REDUCE_SUM]
+    assert not passed and detail.startswith("not measured:") and "rank 1 stopped before calling all_reduce" in detail
+    assert "never called" not in detail
+    # The same records, rank 1's script having ended on its own: then it did skip it.
+    run = HarnessRun("launch", 2, 30.0, records={0: [enter], 1: [{"event": "final", "error": None}]})
+    run.failed_rank, run.failure = 0, "rank 0 failed (exit code -6)"
+    (name, passed, detail), = [c for c in judge.judge_init(run) if c[0] == judge.ALL_REDUCE_SUM]
+    assert "rank 1 never called all_reduce (rank 0 did)" in detail
+
+
 def test_a_crashing_script_fails_naming_the_rank_and_the_error(tmp_path):
     result = exercises.check("init", MISTAKES / "init_crash.py", timeout=TIMEOUT)
     detail = failed(result, "runs to the end")

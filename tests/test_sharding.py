@@ -57,7 +57,10 @@ def test_the_bf16_rule_is_torchs_own(name, monkeypatch):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    build = BUILDS[name]
+    import inspect
+
+    # Which rule this torch has (2.6's has no XPU part), as the lab's ranks report it.
+    build = {**BUILDS[name], "xpu_rule": "xccl" in inspect.getsource(DDP._check_comm_hook)}
     monkeypatch.setattr(torch.version, "cuda", build["cuda"])
     monkeypatch.setattr(torch.version, "hip", build["hip"])
     monkeypatch.setattr(dist, "is_nccl_available", lambda: build["nccl_available"])
@@ -77,6 +80,13 @@ def test_the_bf16_rule_is_torchs_own(name, monkeypatch):
     assert lessons.bf16_hook_accepted(build) == accepted, name
     summary = {"build": build, "bf16_compress_hook_refused": "" if accepted else "BF16 all reduce ..."}
     assert ("accepts" in lessons.format_bf16_build(summary)) == accepted
+
+
+def test_torch_2_6s_rule_has_no_xpu_part():
+    xpu = BUILDS["xpu with xccl"]
+    assert lessons.bf16_hook_accepted({**xpu, "xpu_rule": True}) and lessons.bf16_hook_accepted(xpu)
+    assert not lessons.bf16_hook_accepted({**xpu, "xpu_rule": False})
+    assert lessons.bf16_hook_accepted({**CUDA_WHEEL, "xpu_rule": False})  # CUDA with NCCL: both rules
 
 
 def test_a_cuda_wheel_without_a_gpu_accepts_the_bf16_hook():

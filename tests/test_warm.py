@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -207,10 +208,7 @@ def test_the_server_has_what_ddp_imports_so_a_warm_rank_builds_ddp_without_impor
     script = script_file("import sys\nprint('torch._dynamo' in sys.modules, flush=True)\n")
     warm = launch(script, 1, echo="none")
     cold = launch(script, 1, echo="none", warm=False)
-    # Except on a torch where that import puts a folder on sys.path (2.6): a warm rank would differ.
-    server = _server_module()
-    preimported = not server.import_changes_sys_path(server.DYNAMO_PATH_CHANGER)
-    assert (warm.start_mode, warm.output[0]) == ("warm", [str(preimported)])
+    assert (warm.start_mode, warm.output[0]) == ("warm", ["True"])  # on every torch: see the next test
     assert (cold.start_mode, cold.output[0]) == ("cold", ["False"])
     assert procinfo.threads(warmstart.server_pid()) == 1
 
@@ -383,31 +381,37 @@ def _server_module():
     return module
 
 
-def test_the_server_skips_a_preimport_that_would_put_a_folder_on_sys_path(tmp_path, monkeypatch):
+def test_the_servers_preimport_leaves_sys_path_as_a_cold_rank_has_it(tmp_path, monkeypatch):
     server = _server_module()
     pkg = tmp_path / "pathprobe"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "appends.py").write_text("import sys, tempfile\n_DIR = tempfile.mkdtemp()\nsys.path.append(_DIR)\n")
-    (pkg / "inserts.py").write_text("import sys\nif True:\n    pass\nsys.path.insert(0, '/nowhere')\n")
-    (pkg / "later.py").write_text("import sys\n\ndef add():\n    sys.path.append('/nowhere')\n")
+    (pkg / "appends.py").write_text("import sys\nsys.path.append('/nowhere/appended')\n")
+    (pkg / "inserts.py").write_text("import sys\nif True:\n    sys.path.insert(0, '/nowhere/inserted')\n")
     (pkg / "plain.py").write_text("import sys\nPATH = list(sys.path)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert server.import_changes_sys_path("pathprobe.appends")
-    assert server.import_changes_sys_path("pathprobe.inserts")
-    assert not server.import_changes_sys_path("pathprobe.later")  # only when called
-    assert not server.import_changes_sys_path("pathprobe.plain")
-    assert not server.import_changes_sys_path("pathprobe.missing")  # its import fails: nothing changes
-    # A parent package that imports the module itself (torch.distributed.nn does): asking imports nothing.
-    (pkg / "trap").mkdir()
-    (pkg / "trap" / "__init__.py").write_text("from pathprobe.trap import child\n")
-    (pkg / "trap" / "child.py").write_text("import sys\nsys.path.append('/nowhere')\n")
-    path_before = list(sys.path)
-    assert server.import_changes_sys_path("pathprobe.trap.child")
-    assert "pathprobe.trap" not in sys.modules and sys.path == path_before
-    # This torch's module, judged against what importing it really does (a fresh process).
-    probe = ("import json, sys\nbefore = list(sys.path)\nimport " + server.DYNAMO_PATH_CHANGER
-             + "\nprint(json.dumps(sys.path != before))")
-    really = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                                       check=True).stdout)
-    assert server.import_changes_sys_path(server.DYNAMO_PATH_CHANGER) == really
+    before = list(sys.path)
+    assert server.import_keeping_sys_path("pathprobe.appends") == ["/nowhere/appended"]
+    assert server.import_keeping_sys_path("pathprobe.inserts") == ["/nowhere/inserted"]
+    assert server.import_keeping_sys_path("pathprobe.plain") == []
+    assert sys.path == before and {"pathprobe.appends", "pathprobe.inserts"} <= set(sys.modules)
+    with pytest.raises(ModuleNotFoundError):
+        server.import_keeping_sys_path("pathprobe.missing")
+    # This torch, in a fresh process: what importing the module that changes sys.path (torch 2.6) really
+    # does, and what the server's pre-import leaves (sys.path as before; no temporary folder behind).
+    probe = ("import importlib.util, json, os, sys\nbefore = list(sys.path)\n"
+             f"spec = importlib.util.spec_from_file_location('server', {warmstart.SERVER_SCRIPT!r})\n"
+             "server = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(server)\n"
+             "if sys.argv[1] == 'plain':\n    import torch._dynamo\n"
+             "    print(json.dumps([e for e in sys.path if e not in before]))\nelse:\n"
+             "    added = server.preimport_dynamo()\n"
+             "    print(json.dumps([added, sys.path == before, 'torch._dynamo' in sys.modules,\n"
+             "                      [os.path.exists(e) for e in added]]))\n")
+    run = lambda how: json.loads(subprocess.run([sys.executable, "-c", probe, how], capture_output=True,  # noqa: E731
+                                                text=True, check=True).stdout)
+    really = run("plain")
+    added, path_kept, imported, left = run("server")
+    assert sorted(map(os.path.dirname, added)) == sorted(map(os.path.dirname, really))  # temp names differ
+    assert path_kept and imported
+    template_dirs = [gone for entry, gone in zip(added, left) if entry.startswith(tempfile.gettempdir() + os.sep)]
+    assert not any(template_dirs)  # 2.6's template folder is removed, not left behind by the server

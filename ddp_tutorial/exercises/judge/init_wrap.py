@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from ddp_tutorial.exercises.judge.common import (
-    absent, ALL_REDUCE_SUM, collective_calls, Criterion, destroyed_everywhere, JOINED, judged_from_finals,
-    max_difference, MEETS_AT_LAUNCHER, not_measured, plural, ran_to_end, ranks_text, SAME_AFTER_STEPS,
-    SAME_AFTER_WRAP, SAME_CALLS, TOLERANCE, WRAPPED)
+    absent, ALL_REDUCE_SUM, collective_calls, Criterion, destroyed_everywhere, ended_on_its_own, JOINED,
+    judged_from_finals, max_difference, MEETS_AT_LAUNCHER, not_measured, plural, ran_to_end, ranks_text,
+    SAME_AFTER_STEPS, SAME_AFTER_WRAP, SAME_CALLS, TOLERANCE, WRAPPED)
 from ddp_tutorial.exercises.runs import HarnessRun
 
 
@@ -73,6 +73,9 @@ def all_reduce_sum(run: HarnessRun) -> Criterion:
     if any(entered.values()) and not all(entered.values()):
         skipped = [r for r, e in entered.items() if not e]
         callers = [r for r, e in entered.items() if e]
+        if not all(ended_on_its_own(run, r) for r in skipped):  # stopped before it got there: no accusation
+            return not_measured(ALL_REDUCE_SUM, run, f"{ranks_text(skipped)} stopped before calling all_reduce "
+                                                     "(see the first criterion)")
         return Criterion(ALL_REDUCE_SUM, False, f"{ranks_text(skipped)} never called all_reduce "
                                                 f"({ranks_text(callers)} did): {SAME_CALLS}")
     for rank in run.ranks:

@@ -242,41 +242,36 @@ class Server:
         self.zombies[pid] = pidfd
         self.send({"exited": pid, "code": code})
 
-#: Imported by torch._dynamo; up to torch 2.6 (at least) it appends a temporary folder to sys.path
-#: when imported (for RemoteModule's generated templates).
+#: Imported by torch._dynamo; in torch 2.6 (not 2.13 or 2.15) it makes a temporary folder when
+#: imported and appends it to sys.path (for RemoteModule's generated templates).
 DYNAMO_PATH_CHANGER = "torch.distributed.nn.jit.instantiator"
 
 
-def import_changes_sys_path(module: str) -> bool:
-    """Whether importing ``module`` changes ``sys.path``: a top-level ``sys.path.<method>(...)`` call
-    in its source file, found from its top-level package's folder and read without importing it or
-    its parent packages (``find_spec`` would import those: torch.distributed.nn imports the very
-    module asked about). A missing module changes nothing; one without readable source counts as
-    a change (the safe answer)."""
-    import ast
+def import_keeping_sys_path(module: str) -> list:
+    """Import ``module``, then put ``sys.path`` back as it was: a warm rank starts with the
+    ``sys.path`` a cold one has. Returns the entries the import added (and this took out)."""
+    before = list(sys.path)
+    importlib.import_module(module)
+    added = [entry for entry in sys.path if entry not in before]
+    sys.path[:] = before
+    return added
 
-    top, *rest = module.split(".")
-    try:
-        spec = importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        return False
-    if spec is None:
-        return False
-    folders = list(spec.submodule_search_locations or [])
-    candidates = [os.path.join(f, *rest) + ".py" for f in folders] + \
-                 [os.path.join(f, *rest, "__init__.py") for f in folders]
-    found = next((c for c in candidates if os.path.isfile(c)), None)
-    if found is None:  # compiled only (name.*.so): cannot tell; else there is no such module
-        parents = [os.path.join(f, *rest[:-1]) for f in folders if rest]
-        return any(name.startswith(rest[-1] + ".") for p in parents if os.path.isdir(p) for name in os.listdir(p))
-    try:
-        with open(found, "rb") as f:
-            tree = ast.parse(f.read())
-    except (OSError, SyntaxError, ValueError):
-        return True
-    return any(isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
-               and isinstance(node.value.func, ast.Attribute) and ast.unparse(node.value.func.value) == "sys.path"
-               for node in tree.body)
+
+def preimport_dynamo() -> list:
+    """Import ``torch._dynamo`` (DDP's constructor imports it) without leaving a trace a cold rank lacks.
+
+    On torch 2.6 the import changes sys.path: ``DYNAMO_PATH_CHANGER`` makes a temporary folder and
+    appends it, and pkg_resources (imported on the way) appends the folder of an editable install.
+    The entries are taken out, and the temporary folder removed now: left, every warm
+    rank would inherit its clean-up at exit, and the server would leave it behind. The cost, on
+    2.6 only: a warm rank cannot use ``torch.distributed.nn.RemoteModule`` (RPC, which the kit never
+    uses); a cold rank can. Returns the sys.path entries taken out.
+    """
+    added = import_keeping_sys_path("torch._dynamo")
+    template_dir = getattr(sys.modules.get(DYNAMO_PATH_CHANGER), "_TEMP_DIR", None)
+    if added and hasattr(template_dir, "cleanup") and getattr(template_dir, "name", None) in added:
+        template_dir.cleanup()
+    return added
 
 
 def main() -> None:
@@ -290,12 +285,10 @@ def main() -> None:
         control.send(json.dumps({"ready": False, "why": f"import torch failed: {exc!r}"}).encode())
         return
     try:
-        # DDP's constructor imports torch._dynamo: about 1.2 s of CPU per rank, paid by every
+        # DDP's constructor imports torch._dynamo: about 2 s of CPU per rank, paid by every
         # rank that wraps a model. Imported here once, a rank's DDP(model) takes milliseconds.
-        # It starts no thread (checked below, with the rest). Not where that import would put a
-        # folder on sys.path: a warm rank would start with it, where a cold one has none.
-        if not import_changes_sys_path(DYNAMO_PATH_CHANGER):
-            importlib.import_module("torch._dynamo")
+        # It starts no thread (checked below, with the rest).
+        preimport_dynamo()
     except Exception:  # ranks import it themselves, as cold ones do
         pass
     gc.freeze()  # what torch made stays shared with the ranks: the collector would touch (copy) it

@@ -240,16 +240,18 @@ def bf16_hook_accepted(build: dict) -> bool:
 
     torch 2.13's rule (``DistributedDataParallel._check_comm_hook``, checked by the hook's name): a CUDA
     or ROCm build (``torch.version.cuda`` or ``.hip`` set) whose NCCL is 2.10 or newer, or an XPU build
-    with XCCL and an XPU. Whether a GPU is present does not enter: the CUDA wheel ``pip install torch``
-    gives on Linux accepts it on a CPU-only machine; the ``+cpu`` wheel refuses it.
+    with XCCL and an XPU. torch 2.6's rule has no XPU part (``xpu_rule`` False). Whether a GPU is present
+    does not enter: the CUDA wheel ``pip install torch`` gives on Linux accepts it on a CPU-only
+    machine; the ``+cpu`` wheel refuses it.
 
     Args:
         build: what the lab's ranks read from their torch: ``cuda``, ``hip``, ``nccl_available``,
-            ``nccl_version`` (a list, or None), ``xccl_available``, ``xpu_available``.
+            ``nccl_version`` (a list, or None), ``xccl_available``, ``xpu_available``, and
+            ``xpu_rule`` (whether its rule has the XPU part; True when absent).
     """
     cuda_or_rocm = build["cuda"] is not None or build["hip"] is not None
     nccl = bool(build["nccl_available"]) and tuple(build["nccl_version"] or ()) >= (2, 10)
-    xpu = bool(build["xccl_available"]) and bool(build["xpu_available"])
+    xpu = build.get("xpu_rule", True) and bool(build["xccl_available"]) and bool(build["xpu_available"])
     return (cuda_or_rocm and nccl) or xpu
 
 
@@ -259,7 +261,8 @@ def format_bf16_build(summary: dict) -> str:
     nccl = ".".join(map(str, b["nccl_version"])) if b["nccl_version"] else "none"
     said = summary["bf16_compress_hook_refused"]
     return (f"torch {b['torch']}: CUDA {b['cuda'] or 'none'}, ROCm {b['hip'] or 'none'}, NCCL {nccl}, "
-            f"XPU with XCCL {bool(b['xccl_available'] and b['xpu_available'])} -> the rule "
+            f"XPU with XCCL {bool(b['xccl_available'] and b['xpu_available'])}"
+            f"{'' if b.get('xpu_rule', True) else ' (a rule without an XPU part)'} -> the rule "
             f"{'accepts' if bf16_hook_accepted(b) else 'refuses'} bf16_compress_hook; "
             f"register_comm_hook " + (f"refused it: {said}" if said else "accepted it"))
 

@@ -279,7 +279,19 @@ def build_facts() -> dict:
     xccl = hasattr(dist, "is_xccl_available") and dist.is_xccl_available()
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "hip": torch.version.hip,
             "nccl_available": nccl, "nccl_version": list(torch.cuda.nccl.version()) if nccl else None,
-            "xccl_available": xccl, "xpu_available": bool(xccl and torch.xpu.is_available())}
+            "xccl_available": xccl, "xpu_available": bool(xccl and torch.xpu.is_available()),
+            "xpu_rule": ddp_rule_knows_xpu()}
+
+
+def ddp_rule_knows_xpu() -> bool:
+    """Whether this torch's ``_check_comm_hook`` accepts bf16 on XPU with XCCL (torch 2.13 does; 2.6's
+    rule knows only CUDA or ROCm with NCCL): read in its source, as it is this torch's rule that decides."""
+    import inspect
+
+    try:
+        return "xccl" in inspect.getsource(DDP._check_comm_hook)
+    except (OSError, TypeError, AttributeError):  # no source: the newer rule, which the kit's text describes
+        return True
 
 
 def part_compress(args, rank, world_size):
