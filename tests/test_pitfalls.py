@@ -78,7 +78,7 @@ def test_batchnorm_default_broadcast_copies_rank0_buffers_at_every_forward(bn):
 
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    # torch 2.13's name for broadcast_buffers; torch 2.6 has only broadcast_buffers
+    # torch 2.13's name for broadcast_buffers; torch 2.9 has only broadcast_buffers
     has_new_name = "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
     assert bn["keyword"] == ("forward_sync_buffers" if has_new_name else "broadcast_buffers")
     assert b["starts_equal"] and not bn["no_sync"]["starts_equal"]
@@ -184,7 +184,7 @@ def test_clipping_inside_no_sync_drifts_and_clipping_once_matches(clipping):
 
 
 # -- 8. Debugging a hang --------------------------------------------------------------
-#: What gloo's C++ says when a rank receives more than it expects: torch 2.13's gloo, then torch 2.6's.
+#: What gloo's C++ says when a rank receives more than it expects: torch 2.13's gloo, then torch 2.6's (kept for any gloo that words it so).
 GLOO_SIZE_CHECKS = ("Received data size doesn't match expected size", "op.preamble.length <= op.nbytes")
 
 

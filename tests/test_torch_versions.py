@@ -23,13 +23,13 @@ def import_with_torch(tmp_path, version: str, cuda: str = "None"):
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{fake.parent}:{ROOT}"})
 
 
-@pytest.mark.parametrize("version", ["2.5.1", "2.5.1+cu124", "1.13.0"])
+@pytest.mark.parametrize("version", ["2.8.0", "2.6.0+cu124", "1.13.0"])
 def test_an_older_torch_is_refused_at_import_in_one_line_naming_it_and_the_fix(tmp_path, version):
     out = import_with_torch(tmp_path, version)
     assert out.returncode == 1 and out.stdout == ""
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("ImportError: ddp_tutorial needs torch >= 2.6, but found torch " + version), last
-    assert last.endswith(": pip install 'torch>=2.6,<2.16'"), last
+    assert last.startswith("ImportError: ddp_tutorial needs torch >= 2.9, but found torch " + version), last
+    assert last.endswith(": pip install 'torch>=2.9,<2.16'"), last
     assert str(tmp_path) in last  # where that torch is: a learner may have two
 
 
@@ -42,7 +42,7 @@ def test_a_newer_torch_is_named_in_one_line_and_the_kit_still_imports(tmp_path):
     assert "python -m ddp_tutorial.selfcheck --torch 2.99.0" in line
 
 
-@pytest.mark.parametrize("version", ["2.6.0", "2.13.0+cpu", "2.15.0"])
+@pytest.mark.parametrize("version", ["2.9.0", "2.13.0+cpu", "2.15.0"])
 def test_a_torch_in_the_range_imports_without_a_word(tmp_path, version):
     out = import_with_torch(tmp_path, version)
     assert (out.returncode, out.stderr) == (0, "")
@@ -55,8 +55,8 @@ def test_the_range_stated_in_pyproject_and_readme_is_the_one_checked():
     assert f'"torch>={floor}"' in (ROOT / "pyproject.toml").read_text()  # no upper cap: newer is warned, not refused
     readme = (ROOT / "README.md").read_text()
     assert f"torch {floor} to {newest}" in readme
-    assert torch_version.refusal("2.5.9", "/x") and not torch_version.refusal(f"{floor}.0", "/x")
-    assert torch_version.refusal(None, None).startswith("ddp_tutorial needs torch >= 2.6, and none is installed")
+    assert torch_version.refusal("2.8.9", "/x") and not torch_version.refusal(f"{floor}.0", "/x")
+    assert torch_version.refusal(None, None).startswith("ddp_tutorial needs torch >= 2.9, and none is installed")
     assert torch_version.parse("2.10.0a0+git123") == (2, 10) and torch_version.parse("nightly") is None
 
 

@@ -242,7 +242,7 @@ class Server:
         self.zombies[pid] = pidfd
         self.send({"exited": pid, "code": code})
 
-#: Imported by torch._dynamo; in torch 2.6 (not 2.13 or 2.15) it makes a temporary folder when
+#: Imported by torch._dynamo; in torch 2.9 and older (not 2.13 or 2.15) it makes a temporary folder when
 #: imported and appends it to sys.path (for RemoteModule's generated templates).
 DYNAMO_PATH_CHANGER = "torch.distributed.nn.jit.instantiator"
 
@@ -260,11 +260,11 @@ def import_keeping_sys_path(module: str) -> list:
 def preimport_dynamo() -> list:
     """Import ``torch._dynamo`` (DDP's constructor imports it) without leaving a trace a cold rank lacks.
 
-    On torch 2.6 the import changes sys.path: ``DYNAMO_PATH_CHANGER`` makes a temporary folder and
+    On torch 2.9 and older the import changes sys.path: ``DYNAMO_PATH_CHANGER`` makes a temporary folder and
     appends it, and pkg_resources (imported on the way) appends the folder of an editable install.
     The entries are taken out, and the temporary folder removed now: left, every warm
-    rank would inherit its clean-up at exit, and the server would leave it behind. The cost, on
-    2.6 only: a warm rank cannot use ``torch.distributed.nn.RemoteModule`` (RPC, which the kit never
+    rank would inherit its clean-up at exit, and the server would leave it behind. The cost, there
+    only: a warm rank cannot use ``torch.distributed.nn.RemoteModule`` (RPC, which the kit never
     uses); a cold rank can. Returns the sys.path entries taken out.
     """
     added = import_keeping_sys_path("torch._dynamo")

@@ -23,7 +23,7 @@ FULL_TENSOR = {"all_reduce": "tensor", "broadcast": "tensor", "all_gather_single
                "reduce_scatter_tensor": "input"}
 _POSITION = {"all_reduce": 0, "broadcast": 0, "all_gather_single": 0, "reduce_scatter_single": 1,
              "all_gather_into_tensor": 0, "reduce_scatter_tensor": 1}
-#: The names torch 2.6 has (and FSDP2 calls there), recorded under the newer names torch 2.13 gives them.
+#: The names torch 2.9 and older have (and FSDP2 calls there), recorded under the newer names torch 2.13 gives them.
 NEWER_NAME = {"all_gather_into_tensor": "all_gather_single", "reduce_scatter_tensor": "reduce_scatter_single"}
 
 
@@ -113,7 +113,7 @@ class CollectiveLog:
     @contextlib.contextmanager
     def recording(self):
         """Record while inside the ``with`` block; the originals are back after it."""
-        for name in (n for n in FULL_TENSOR if hasattr(dist, n)):  # torch 2.6 lacks the newer names
+        for name in (n for n in FULL_TENSOR if hasattr(dist, n)):  # torch 2.9 lacks the newer names
             self._saved[name] = getattr(dist, name)
             setattr(dist, name, self._wrap(name, self._saved[name]))
         try:
