@@ -16,6 +16,7 @@ guarantees, and what it does not: docs/grading.md.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import os
@@ -55,8 +56,9 @@ class LayoutError(ValueError):
 
 @dataclass
 class Limits:
-    """What one check may use. Per process: memory (RLIMIT_AS), file size, CPU; per check: processes
-    (RLIMIT_NPROC of the sandbox's own uid), the writable /tmp and /dev/shm (tmpfs sizes)."""
+    """What one check may use. Per process: memory (RLIMIT_AS: ``memory_bytes`` beyond the address space
+    importing torch maps, ``torch_address_space()``), file size, CPU; per check: processes (RLIMIT_NPROC
+    of the sandbox's own uid), the writable /tmp and /dev/shm (tmpfs sizes)."""
 
     memory_bytes: int = 4 << 30
     processes: int = 512
@@ -320,6 +322,22 @@ def stop_all_sandboxes() -> None:
             pass
 
 
+@functools.lru_cache(maxsize=None)
+def torch_address_space() -> int:
+    """Bytes of address space a rank maps for torch alone (``import torch`` and what DDP imports), in a
+    fresh process of this Python, rounded up to 256 MiB: about 0.7 GiB for the CPU wheel, 3.5 to 5 GiB
+    for a CUDA build (its libraries are mapped whole, used or not). A fixed RLIMIT_AS would let a
+    check on the CPU wheel use more than one on a CUDA build, or stop a CUDA build's ``import torch``."""
+    code = ("import os, torch, torch._dynamo, torch.distributed\nfrom ddp_tutorial.launcher import procinfo\n"
+            "print(procinfo.memory_kb(os.getpid())['address_space_peak'] * 1024)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(KIT_ROOT)})
+    if done.returncode != 0:
+        raise RuntimeError(f"could not measure what importing torch maps: {done.stderr.strip()[-500:]}")
+    quantum = 256 << 20
+    return -(-int(done.stdout.split()[-1]) // quantum) * quantum
+
+
 def check_in_sandbox(learner: str, exercise: str, source: bytes, timeout: float, uid: int, limits: Limits,
                      hide: Sequence[str], keep: Sequence[str]) -> Outcome:
     """``exercises.check`` one file in a fresh sandbox (``sandbox.py``); never raises for what the file does."""
@@ -328,7 +346,7 @@ def check_in_sandbox(learner: str, exercise: str, source: bytes, timeout: float,
     spec = {"exercise": exercise, "source": base64.b64encode(source).decode(), "uid": uid, "timeout": timeout,
             "hide": list(hide), "keep": list(keep), "pythonpath": str(KIT_ROOT), "tmp_bytes": limits.tmp_bytes, "shm_bytes": limits.shm_bytes,
             "result_fd": write_end,
-            "limits": {"memory_bytes": limits.memory_bytes, "processes": limits.processes,
+            "limits": {"memory_bytes": torch_address_space() + limits.memory_bytes, "processes": limits.processes,
                        "file_bytes": limits.file_bytes, "cpu_seconds": limits.cpu_seconds}}
     process = subprocess.Popen(sandbox_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, pass_fds=(write_end,), start_new_session=True,

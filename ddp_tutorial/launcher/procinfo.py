@@ -193,8 +193,9 @@ def fd_target(pid: Pid, fd: int) -> Optional[str]:
 
 
 def memory_kb(pid: Pid) -> Optional[Dict[str, Optional[int]]]:
-    """``{"rss": kB, "pss": kB or None}``: resident memory of ``pid``, and its proportional share
-    (None where the kernel has no smaps_rollup); None if it is gone."""
+    """``{"rss": kB, "pss": kB or None, "address_space_peak": kB}``: resident memory of ``pid``, its
+    proportional share (None where the kernel has no smaps_rollup), and the most address space it has
+    mapped (VmPeak, what RLIMIT_AS bounds); None if it is gone."""
     def field(data: Optional[bytes], key: bytes) -> Optional[int]:
         for line in (data or b"").splitlines():
             if line.startswith(key):
@@ -204,8 +205,10 @@ def memory_kb(pid: Pid) -> Optional[Dict[str, Optional[int]]]:
                     return None
         return None
 
-    rss = field(_read(pid, "status"), b"VmRSS:")
-    return None if rss is None else {"rss": rss, "pss": field(_read(pid, "smaps_rollup"), b"Pss:")}
+    status = _read(pid, "status")
+    rss = field(status, b"VmRSS:")
+    return None if rss is None else {"rss": rss, "pss": field(_read(pid, "smaps_rollup"), b"Pss:"),
+                                      "address_space_peak": field(status, b"VmPeak:")}
 
 
 def proc_net_address(text: str) -> ipaddress._BaseAddress:
