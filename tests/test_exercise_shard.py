@@ -135,6 +135,17 @@ def test_rank_0_stopped_during_its_replay_keeps_what_it_measured():
     assert "no optimizer stepped" not in same and "computed no reference (its script failed)" not in same
 
 
+def test_zero_without_its_hook_is_named_even_when_rank_0_was_stopped_before_its_reference():
+    """overlap_with_ddp=True: both ranks crash in consolidate_state_dict; rank 1 first, and the launcher
+    stopped rank 0 before it computed the reference (the order varies from run to run)."""
+    never = dict(local_optimizer=None, overlap_with_ddp=True, state_bytes=0, held_state=[], consolidations=[])
+    run = a_run({0: [final(0, **never)], 1: [final(1, **never)]}, failed_rank=1)
+    criteria = {name: (passed, detail) for name, passed, detail in shard.judge_shard(run)}
+    passed, detail = criteria[shard.SAME_AS_DDP]
+    assert not passed and "with overlap_with_ddp=True" in detail and "optimizer.step() does nothing" in detail
+    assert detail.startswith("no parameter changed on rank 0, rank 1: ")
+
+
 def test_a_rank_that_reported_nothing_is_named_as_not_measured():
     run = a_run({0: [final(0), {"event": "shard_reference", "reference": [0.5] * 58, "reference_steps": 14,
                                 "reference_state_bytes": 480}], 1: []}, failed_rank=1)

@@ -148,6 +148,12 @@ def repeated_order(run: HarnessRun) -> Optional[str]:
 def same_as_ddp(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     """The final parameters on every rank equal those the DDP script with Adam reaches."""
     rank0 = finals.get(0, {})
+    # ZeRO that built no Adam (overlap_with_ddp=True without its hook) never changes a parameter: known
+    # without the reference, which a rank stopped after its peer's crash may never have computed.
+    never = [r for r, f in finals.items() if f["optimizer"] == "ZeroRedundancyOptimizer"
+             and f["local_optimizer"] is None and f["optimizer_steps"]]
+    if "reference" not in rank0 and never:
+        return Criterion(SAME_AS_DDP, False, f"no parameter changed on {ranks_text(never)}: {OVERLAP_NEVER_STEPS}")
     if "reference" not in rank0:
         return not_measured(SAME_AS_DDP, run, stopped_early(run, finals) or "rank 0 computed no reference")
     idle = [r for r, f in finals.items() if f["final_params"] is None]
