@@ -371,6 +371,45 @@ def test_a_fault_outside_the_script_ends_that_rank_with_a_report_and_the_server_
     assert procinfo.threads(server) == 1
 
 
+#: The real fork server, which starts importing only once the FIFO $GO is opened for writing:
+#: a server that is still importing torch for as long as the test wants.
+SLOW_SERVER = '''
+import importlib.util, os
+with open(os.environ["GO"]) as go:  # blocks until the test opens the FIFO's other end
+    go.read()
+spec = importlib.util.spec_from_file_location("_fork_server_under_test", {server!r})
+server = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(server)
+server.main()
+'''
+
+
+def test_a_launch_too_short_to_wait_for_an_importing_server_starts_cold_and_leaves_it_importing(
+        tmp_path, monkeypatch):
+    go = tmp_path / "go"
+    os.mkfifo(go)
+    path = tmp_path / "slow_server.py"
+    path.write_text(SLOW_SERVER.format(server=warmstart.SERVER_SCRIPT))
+    warmstart._stop_server()
+    monkeypatch.setattr(warmstart, "_SERVER", None)
+    monkeypatch.setattr(warmstart, "SERVER_SCRIPT", str(path))
+    monkeypatch.setenv("GO", str(go))
+    try:
+        short = launch(PRINT_LINES, 2, echo="none", timeout=2)
+        assert short.start_mode == "cold" and "still importing" in short.cold_reason, short.cold_reason
+        assert short.exit_codes == {0: 0, 1: 0}
+        server = warmstart.server_pid()
+        assert server is not None and pid_alive(server)  # not stopped: the next launch may use it
+        with open(go, "w"):  # the server goes on to import
+            pass
+        assert launcher.fork_server_ready()
+        later = launch(PRINT_LINES, 2, echo="none")
+        assert later.start_mode == "warm" and warmstart.server_pid() == server
+    finally:
+        warmstart._stop_server()  # the next test gets a real server again
+        warmstart._SERVER = None
+
+
 def _server_module():
     """forkserver/server.py loaded by path, as the launcher starts it (no package)."""
     import importlib.util

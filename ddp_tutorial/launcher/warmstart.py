@@ -135,6 +135,7 @@ class ForkServer:
             env: rank 0's environment; the server starts with it (less its run folder).
         """
         self.startup = startup_env(env)
+        self.started = time.monotonic()
         self.owner = os.getpid()  # a process forked from ours inherits this object, not the server
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         server_env = {k: v for k, v in env.items() if k not in envvars.PER_RUN}
@@ -326,7 +327,14 @@ def acquire(argv: List[str], envs: List[Dict[str, str]], deadline: float) -> Tup
             except OSError as exc:
                 raise ServerUnavailable(f"the fork server could not be started: {exc}") from None
         now = time.monotonic()
-        if not server.wait_ready(min(now + START_S, now + (deadline - now) / 2)):
+        if not server.wait_ready(min(server.started + START_S, now + (deadline - now) / 2)):
+            if server.info is None and not server.gone and time.monotonic() < server.started + START_S:
+                # Still importing, and this launch's deadline is too short to wait: it starts cold and
+                # the server goes on importing for the next launch. Stopping it here would make every
+                # short launch pay a new server's whole import, and none ever be served warm.
+                server.why = None
+                raise ServerUnavailable("the fork server is still importing torch; this launch's deadline "
+                                        "is too short to wait for it")
             if server.info is not None:  # it answered, and refused: it would refuse again
                 _REFUSED[key] = server.why
             why = server.why
