@@ -1,5 +1,6 @@
 """The suite's own guard: a process a test leaves running for a run folder fails the session."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,7 @@ def test_a_process_left_behind_fails_the_session(tmp_path, workers):
     (tmp_path / "test_leaves.py").write_text(LEAVES_ONE)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:nbmake", "-p", "no:cacheprovider",
                            "-n", workers, "--rootdir", str(tmp_path), "-c", "/dev/null", str(tmp_path)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, DDP_TUTORIAL_TEST_LEFTOVER_WAIT_S="1"))
     assert "1 passed" in done.stdout, done.stdout + done.stderr
     assert done.returncode == 1 and "processes the tests started and left running" in done.stdout
