@@ -98,6 +98,46 @@ def test_a_warm_rank_looks_like_a_cold_one(script_file, tmp_path, monkeypatch):
         assert len(w["fds"]) == len(c["fds"]), (w["fds"], c["fds"])  # 0, 1, 2 and rank 0's store
 
 
+SIGNALS = '''
+import json, signal
+print(json.dumps({name: str(signal.getsignal(getattr(signal, name))) for name in ("SIGINT", "SIGHUP", "SIGPIPE")}),
+      flush=True)
+'''
+
+
+# A test runner in the background (nohup) ignores SIGINT and SIGHUP; running a notebook
+# (asyncio's remove_signal_handler) gives it Python's SIGINT handler back, after its fork
+# server started: a warm rank must still get what a cold rank started now gets.
+@pytest.mark.parametrize("at_server_start, at_launch", [
+    (signal.SIG_IGN, signal.default_int_handler), (signal.default_int_handler, signal.SIG_IGN)],
+    ids=["ignored-then-handled", "handled-then-ignored"])
+def test_a_warm_rank_ignores_the_signals_the_launcher_ignores_at_launch(script_file, at_server_start, at_launch):
+    script = script_file(SIGNALS)
+    hup = {signal.SIG_IGN: signal.SIG_IGN, signal.default_int_handler: signal.SIG_DFL}
+    previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGHUP)
+    try:
+        signal.signal(signal.SIGINT, at_server_start)
+        signal.signal(signal.SIGHUP, hup[at_server_start])
+        warmstart._stop_server()
+        warmstart._SERVER = None
+        assert launcher.fork_server_ready()  # the server starts with the first dispositions
+        signal.signal(signal.SIGINT, at_launch)
+        signal.signal(signal.SIGHUP, hup[at_launch])
+        cold = launch(script, 1, echo="none", warm=False)
+        warm = launch(script, 1, echo="none")
+    finally:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGHUP, previous[1])
+        warmstart._stop_server()  # the next test gets a server started as usual
+        warmstart._SERVER = None
+    assert warm.start_mode == "warm"
+    assert reported(warm) == reported(cold)
+    ignored = at_launch is signal.SIG_IGN
+    assert reported(cold)["SIGINT"] == str(signal.SIG_IGN if ignored else signal.default_int_handler)
+    assert reported(cold)["SIGHUP"] == str(signal.SIG_IGN if ignored else signal.SIG_DFL)
+    assert reported(cold)["SIGPIPE"] == str(signal.SIG_IGN)  # Python's own, whatever it inherits
+
+
 def test_the_server_is_single_threaded_and_lives_in_its_own_session():
     launch(PRINT_LINES, 1, echo="none")
     server = warmstart.server_pid()

@@ -125,6 +125,18 @@ class WarmRank:
                 pass
 
 
+def ignored_signals() -> List[int]:
+    """The signals this process ignores now: a cold rank inherits them through exec, a warm one is told."""
+    found = []
+    for sig in signal.valid_signals():
+        try:
+            if signal.getsignal(sig) is signal.SIG_IGN:
+                found.append(int(sig))
+        except ValueError:
+            pass
+    return found
+
+
 class ForkServer:
     """One fork server process and this process's end of its control socket."""
 
@@ -238,7 +250,7 @@ class ForkServer:
         try:
             request_id, self._next_id = self._next_id, self._next_id + 1
             self.send({"spawn": request_id, "argv": argv, "env": env, "cwd": cwd, "umask": umask,
-                       "store": store_fd is not None},
+                       "store": store_fd is not None, "ignored": ignored_signals()},
                       [write_end] if store_fd is None else [write_end, store_fd])
             os.close(write_end)
             write_end = -1

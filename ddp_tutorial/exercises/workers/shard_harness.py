@@ -12,15 +12,19 @@ model's and had gradients. Then each rank reports ``shard_final``: the Adam
 state it holds at the end (by global parameter index), the learning rate, its
 final parameters. Only then does rank 0 replay the original DDP script in one
 process and report ``shard_reference``: a peer that fails during the replay
-costs the reference, never what was measured.
+costs the reference, never what was measured. A rank whose script failed waits (at most
+``REPORTS_WAIT_S``) until every other rank has reported too before it exits: its exit stops the
+group, and a peer still finishing its script or its reports would lose them.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
@@ -32,6 +36,9 @@ from ddp_tutorial.exercises.workers import harness, observers, reference, task
 from ddp_tutorial.lessons.sharding.workers.sharding_common import nbytes, optimizer_state, state_tensors
 from ddp_tutorial.rank import bootstrap
 from ddp_tutorial.runfolder import report
+
+#: The longest a rank whose script failed waits for the other ranks' reports before it exits.
+REPORTS_WAIT_S = 10.0
 
 # This module runs the script for the rank (through ``harness.run``): its frames are not the script's.
 globals()[bootstrap.RUNS_THE_SCRIPT] = True
@@ -96,6 +103,7 @@ class ZeroObservers(observers.Observers):
         self.saved = []
         self.ddp_params = set()  # ids of the parameters of the modules DDP wraps
         self.params_with_grad = 0  # the most of the optimizer's parameters that had a .grad at a step
+        self.store = None  # the process group's store, kept past the script's destroy_process_group()
 
     def inner_optimizers(self):
         return {id(zero.optim) for zero in self.zeros if hasattr(zero, "optim")}
@@ -140,6 +148,8 @@ class ZeroObservers(observers.Observers):
         def observed_ddp_init(ddp, *args, **kwargs):
             ddp_init(ddp, *args, **kwargs)
             self.ddp_params.update(id(p) for p in ddp.module.parameters())
+            if self.store is None and dist.is_initialized():
+                self.store = dist.distributed_c10d._get_default_store()
 
         def after_step(optimizer, args, kwargs):
             if id(optimizer) in self.inner_optimizers():  # ZeRO's own step follows its inner Adam's
@@ -240,7 +250,28 @@ def main(argv) -> None:
         params, state_bytes, steps = ddp_replay(int(os.environ.get("WORLD_SIZE", 1)))
         report({"event": "shard_reference", "reference": params, "reference_state_bytes": state_bytes,
                 "reference_steps": steps})
+    wait_for_the_others_reports(seen.store, failed=failure is not None)
     harness.end_as_the_script_did(failure)
+
+
+def wait_for_the_others_reports(store, failed: bool) -> None:
+    """Mark this rank's reports written; if its script failed, wait for every other rank's mark first.
+
+    A failed rank's exit makes the launcher stop the group. Without this wait, a peer that was a
+    moment behind (on a busy machine) lost its ``shard_final`` or rank 0's reference, and its
+    criteria said "not measured". A peer stuck in a collective never marks: the wait ends after
+    ``REPORTS_WAIT_S``; rank 0 gone (it hosts the store) ends it at once.
+    """
+    if store is None:  # the script never wrapped a model in DDP
+        return
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    try:
+        store.set(f"shard_reports/{rank}", "1")
+        if failed:
+            others = [f"shard_reports/{r}" for r in range(world_size) if r != rank]
+            store.wait(others, timedelta(seconds=REPORTS_WAIT_S))
+    except Exception:  # noqa: BLE001 - timed out, or the store's host has exited: end as the script did
+        pass
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ control socket (an ``AF_UNIX`` ``SOCK_SEQPACKET`` socket: one JSON message per p
 descriptors beside it with SCM_RIGHTS), and waits.
 
 The protocol, launcher -> server:
-    ``{"spawn": id, "argv": [...], "env": {...}, "cwd": ..., "umask": n, "store": bool}``
+    ``{"spawn": id, "argv": [...], "env": {...}, "cwd": ..., "umask": n, "store": bool,
+    "ignored": [signal numbers the launcher ignores now]}``
         with the rank's output pipe (write end) and, if ``store``, rank 0's listening socket;
     ``{"reap": pid}``: the launcher has recorded that rank's exit; its pid may be reused now.
 server -> launcher:
@@ -21,8 +22,8 @@ server -> launcher:
 The server exits when the launcher closes the socket or dies, or after ``IDLE_S`` without
 ranks or requests. A forked rank calls ``os.setsid()``, ties itself to the server (which is
 tied to the launcher), takes the pipe as stdout and stderr, the environment, working
-directory, umask and ``sys.argv`` of ``python -u bootstrap.py SCRIPT ARGS``, fresh random
-seeds, and then runs ``bootstrap.run_rank`` like a cold rank.
+directory, umask, ignored signals and ``sys.argv`` of ``python -u bootstrap.py SCRIPT ARGS``,
+fresh random seeds, and then runs ``bootstrap.run_rank`` like a cold rank.
 """
 
 import ctypes
@@ -31,6 +32,7 @@ import importlib.util
 import json
 import os
 import select
+import signal
 import socket
 import sys
 
@@ -108,6 +110,42 @@ def reapply_import_settings() -> None:
         dist.set_debug_level_from_env()
 
 
+#: Signals a fresh Python ignores at start whatever it inherited (and Popen's restore_signals resets).
+PYTHON_IGNORES = {getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)}
+#: The dispositions a signal can have from start-up alone: what exec passes on, and Python's SIGINT.
+STARTUP_DISPOSITIONS = (signal.SIG_IGN, signal.SIG_DFL, signal.default_int_handler)
+
+
+def take_ignored_signals(ignored) -> None:
+    """Ignore the signals the launcher ignores now, and only those, as exec would give a cold rank.
+
+    exec keeps SIG_IGN and resets handlers, and Python then turns a default SIGINT into
+    KeyboardInterrupt. The server's own dispositions are its launcher's when it started, perhaps
+    long ago: a test runner in the background (nohup) ignores SIGINT until something (asyncio's
+    remove_signal_handler, in a notebook run) installs Python's default handler again.
+    Handlers something else installed (none, for torch's import) are left as they are.
+    """
+    ignored = set(ignored)
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP) or sig in PYTHON_IGNORES:
+            continue
+        try:
+            current = signal.getsignal(sig)
+        except ValueError:
+            continue
+        if current not in STARTUP_DISPOSITIONS:
+            continue
+        if sig in ignored:
+            wanted = signal.SIG_IGN
+        else:
+            wanted = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+        if current is not wanted:
+            try:
+                signal.signal(sig, wanted)
+            except (OSError, ValueError):  # e.g. the signals libc keeps for itself
+                pass
+
+
 def become_rank(bootstrap, server_pid: int, request, fds, close_fds) -> None:
     """In the forked child: turn into ``python -u bootstrap.py SCRIPT ARGS`` and run it; never returns."""
     try:
@@ -124,6 +162,7 @@ def become_rank(bootstrap, server_pid: int, request, fds, close_fds) -> None:
             os.set_inheritable(fds[1], True)  # as pass_fds leaves it for a cold rank
         os.chdir(request["cwd"])
         os.umask(request["umask"])
+        take_ignored_signals(request.get("ignored", ()))
         argv = request["argv"]  # [python, -u, bootstrap.py, SCRIPT, ARGS...]
         _replace_environment(env)
         arg_start, arg_end, _, _ = proc_areas()
