@@ -77,8 +77,11 @@ def stat(pid: Pid) -> Optional[Stat]:
         found = Stat(state.decode("ascii"), int(ppid), int(pgrp))
     except (AttributeError, *_GONE):  # None (gone), or torn content
         return None
-    # X: being reaped at this moment (its parent and group then read as 0 and -1): gone.
-    return None if found.state in ("X", "x") else found
+    # Being reaped at this moment: state X, or a read the reap tore. The kernel reads the state first,
+    # then the parent and group under the process's signal lock; once the reap has released that,
+    # they keep their defaults, 0 and -1 (a live process's group is never -1: at worst 0, outside
+    # this PID namespace). So "Z 0 -1" is a zombie that was reaped during the read: gone.
+    return None if found.state in ("X", "x") or found.pgrp == -1 else found
 
 
 def state(pid: Pid) -> Optional[str]:
