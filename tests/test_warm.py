@@ -317,6 +317,26 @@ def test_the_distributed_debug_level_is_each_launchs_own_without_a_server_of_its
     assert detail.output[0] == cold.output[0] == ["DebugLevel.DETAIL"]
 
 
+def test_a_restart_and_another_max_restarts_keep_the_server(tmp_path):
+    """TORCHELASTIC_RESTART_COUNT and _MAX_RESTARTS change per attempt and per launch; torch reads them at
+    run time, not at import. Every attempt is forked by the same server, and each rank reads its own."""
+    first = launch(PRINT_LINES, 1, echo="none")
+    server = warmstart.server_pid()
+    restarted = launch(str(SCRIPTS / "restart_records.py"), 2, run_dir=tmp_path / "run", echo="none",
+                       max_restarts=1, timeout=60)
+    claim = json.loads((restarted.run_dir / ".launch.json").read_text())
+    assert claim["start_modes"] == {"0": "warm", "1": "warm"}, claim.get("cold_reason")
+    assert restarted.result(0, "attempt") == restarted.result(1, "attempt") == 1  # attempt 1 read its count
+    env_script = tmp_path / "env.py"
+    env_script.write_text("import json, os\nprint(json.dumps({k: v for k, v in os.environ.items()"
+                          " if k.startswith('TORCHELASTIC_')}), flush=True)\n")
+    again = launch(str(env_script), 1, echo="none", max_restarts=0)
+    assert first.start_mode == again.start_mode == "warm"
+    assert warmstart.server_pid() == server  # one server for all of it
+    assert json.loads(again.output[0][0])["TORCHELASTIC_MAX_RESTARTS"] == "0"
+    assert json.loads(again.output[0][0])["TORCHELASTIC_RESTART_COUNT"] == "0"
+
+
 def test_a_script_that_sets_the_environment_before_importing_torch_starts_cold(tmp_path):
     run = launch(str(SCRIPTS / "threads_before_torch.py"), 2, echo="none")
     assert run.start_mode == "cold"

@@ -36,6 +36,11 @@ SERVER_SCRIPT = str(Path(__file__).resolve().parent / "forkserver" / "server.py"
 #: a launch needing other values gets a server started with them.
 STARTUP_PREFIXES = ("PYTHON", "LD_", "LC_", "LANG", "HOME", "OMP_", "GOMP_", "KMP_", "MKL_",
                     "OPENBLAS_", "TORCH", "PYTORCH_", "MALLOC_", "GLIBC_")
+#: Set by the launcher per launch and per attempt (``TORCHELASTIC_RESTART_COUNT``, ``_MAX_RESTARTS``,
+#: ``_RUN_ID``, ...); torch reads them only when a rank calls into torch.distributed (the agent store,
+#: ``is_torchelastic_launched``, the error file), never at import. Counted as startup settings, every
+#: restart and every launch with another ``max_restarts`` replaced the server and paid its import.
+PER_LAUNCH_PREFIXES = ("TORCHELASTIC_",)
 #: Read at import too, but a forked rank reads them again (``forkserver/server.py``'s ``reapply_import_settings``),
 #: so a launch with ``env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}`` needs no server of its own.
 REAPPLIED_PER_RANK = ("TORCH_DISTRIBUTED_DEBUG",)
@@ -62,7 +67,8 @@ def warm_by_default() -> bool:
 
 def startup_env(env: Dict[str, str]) -> Dict[str, str]:
     """The part of ``env`` that takes effect at interpreter start or ``import torch`` (less what ranks reread)."""
-    return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES) and k not in REAPPLIED_PER_RANK}
+    return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES) and k not in REAPPLIED_PER_RANK
+            and not k.startswith(PER_LAUNCH_PREFIXES)}
 
 
 def _env_bytes(env: Dict[str, str]) -> int:
@@ -150,7 +156,8 @@ class ForkServer:
         self.started = time.monotonic()
         self.owner = os.getpid()  # a process forked from ours inherits this object, not the server
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        server_env = {k: v for k, v in env.items() if k not in envvars.PER_RUN}
+        server_env = {k: v for k, v in env.items()
+                      if k not in envvars.PER_RUN and not k.startswith(PER_LAUNCH_PREFIXES)}
         server_env[envvars.FORK_SERVER_ROOM] = "." * ENV_ROOM
         try:
             self.proc = subprocess.Popen(
