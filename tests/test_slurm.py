@@ -189,3 +189,20 @@ def test_the_notebook_cells_say_why_no_job_runs_when_the_cluster_is_down(tmp_pat
         assert "not running" in said and "python -m ddp_tutorial.lessons.beyond_one_machine.slurm start" in said
     else:
         assert WHY_NOT in said
+
+
+def test_the_nodes_get_two_free_consecutive_ports_even_when_a_neighbour_is_taken(monkeypatch):
+    """slurmd's ports are a range: a free port whose neighbour another process listens on is passed over."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        busy = taken.getsockname()[1]
+        taken.listen()
+        # The first candidate's neighbour is taken, then the controller's port comes up, then a free pair.
+        pair = next(p for p in range(29010, 29200, 2) if slurm._port_free(p) and slurm._port_free(p + 1))
+        monkeypatch.setattr(slurm, "candidate_ports", lambda: iter([busy - 1, 29000, pair]))
+        assert slurm.node_port_pair(ctld=29001) == pair
+        monkeypatch.setattr(slurm, "candidate_ports", lambda: iter([busy - 1]))
+        with pytest.raises(slurm.ClusterError, match="no two consecutive free ports"):
+            slurm.node_port_pair(ctld=29001)

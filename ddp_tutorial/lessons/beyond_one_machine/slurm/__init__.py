@@ -28,6 +28,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ddp_tutorial.launcher import procinfo
 from ddp_tutorial.launcher import free_port
+from ddp_tutorial.launcher.net import candidate_ports
 
 HERE = Path(__file__).resolve().parent
 #: The kit's sbatch script: one torchrun agent per node, checkpoint and --max-restarts 1.
@@ -156,11 +157,9 @@ class LocalCluster:
         key = self.folder / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        ctld, node1 = free_port(), free_port()
-        node_ports = f"{node1}-{node1 + 1}" if _port_free(node1 + 1) else None
-        if node_ports is None:
-            raise ClusterError(f"port {node1 + 1} is taken; run start again")
-        self.conf.write_text(SLURM_CONF.format(folder=self.folder, ctld_port=ctld, node_ports=node_ports,
+        ctld = free_port()
+        node1 = node_port_pair(ctld)
+        self.conf.write_text(SLURM_CONF.format(folder=self.folder, ctld_port=ctld, node_ports=f"{node1}-{node1 + 1}",
                                                cpus=os.cpu_count() or 1))
         f = self.folder
         commands = {
@@ -258,6 +257,20 @@ class LocalCluster:
             if text:
                 parts.append(f"--- {log.name} ---\n" + "\n".join(text))
         return "\n".join(parts)
+
+
+def node_port_pair(ctld: int) -> int:
+    """The first of two consecutive free ports for the two slurmd (``SlurmdPort`` is a range), not ``ctld``.
+
+    Raises:
+        ClusterError: no such pair among the candidates (a machine with almost every port taken).
+    """
+    # Both must be free: one random free port is, but its neighbour may be another test's or learner's
+    # listener (a run of the suite met one), so try other pairs instead of giving up.
+    for node1 in candidate_ports():
+        if ctld not in (node1, node1 + 1) and _port_free(node1) and _port_free(node1 + 1):
+            return node1
+    raise ClusterError("found no two consecutive free ports for the nodes on 127.0.0.1")
 
 
 def _port_free(port: int) -> bool:
