@@ -8,8 +8,6 @@ must say about them, and right answers shaped otherwise than the solution
 never produced is tested on records made by hand: no launch.
 """
 
-from pathlib import Path
-
 import pytest
 
 from ddp_tutorial import exercises
@@ -17,8 +15,6 @@ from ddp_tutorial.exercises import shard
 from ddp_tutorial.exercises.runs import HarnessRun
 from test_exercises import (  # noqa: F401
     MISTAKES, RIGHT_ANSWERS, TIMEOUT, assert_nothing_left, failed, in_tmp_folder, passed_names, run_records)
-
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 # (file in exercise_mistakes/, {criterion that fails: words its message must say}, criteria still passing)
 WRONG_ANSWERS = [
@@ -77,10 +73,20 @@ def test_a_wrong_answer_fails_naming_the_mistake(mistake, failing, still_passing
 
 
 def test_a_failed_rank_waits_for_a_peer_still_finishing_its_script(tmp_path):
-    """Rank 1 fails; rank 0 goes on only once rank 1's harness has marked its reports written (a causal hold,
-    tests/scripts/shard_rank0_behind_a_failed_peer.py). Rank 0's save, ``shard_final`` and reference are
+    """Rank 1 fails; rank 0 goes on only once rank 1's harness has marked its reports written (a causal hold).
+    Rank 0's save, ``shard_final`` and reference are
     still measured: the failed rank's exit, which stops the group, waits for them."""
-    result = exercises.check("shard", SCRIPTS / "shard_rank0_behind_a_failed_peer.py", timeout=TIMEOUT)
+    # The mistake "shard_every_rank_state_dict" (rank 1 fails at state_dict()), with rank 0 held back until rank 1's
+    # harness has marked its reports written (shard_reports/1 in the group's store): rank 1 has failed by then.
+    source = (MISTAKES / "shard_every_rank_state_dict.py").read_text()
+    hold = ("    optimizer.consolidate_state_dict(to=0)\n"
+            "    if rank == 0:\n"
+            "        from datetime import timedelta\n"
+            "        dist.distributed_c10d._get_default_store().wait([\"shard_reports/1\"], timedelta(seconds=60))\n")
+    assert source.count("    optimizer.consolidate_state_dict(to=0)\n") == 1
+    script = tmp_path / "shard_rank0_behind_a_failed_peer.py"
+    script.write_text(source.replace("    optimizer.consolidate_state_dict(to=0)\n", hold))
+    result = exercises.check("shard", script, timeout=TIMEOUT)
     assert "rank 1 called optimizer.state_dict() after consolidate_state_dict(to=0)" in failed(result, "rank 0's checkpoint")
     assert {shard.SHARDED, shard.SAME_AS_DDP} <= passed_names(result), result.message
     rank0 = [r.get("event") for r in run_records(tmp_path, "shard")[0]]
