@@ -31,6 +31,10 @@ STORE = "DDP_TUTORIAL_STORE"
 PER_RUN = (RUN_DIR, STORE)
 #: Padding in the fork server's own environment, so a rank's environment fits in its place.
 FORK_SERVER_ROOM = "DDP_TUTORIAL_FORK_SERVER_ROOM"
+#: "0": the fork server imports torch but not ``torch._dynamo`` (about 2 s of CPU), for launches whose
+#: ranks never build a DDP model (the grader's "init" checks). A rank that builds one imports it itself,
+#: as a cold rank does. A startup setting: a launch gets a server started with its own value.
+FORK_SERVER_DYNAMO = "DDP_TUTORIAL_FORK_SERVER_DYNAMO"
 
 # -- Set by an exercise check for the ranks --------------------------------------
 #: The rank (as text) that ``task.loss_fn`` makes raise (the teardown check's second run).

@@ -253,6 +253,32 @@ def test_the_server_has_what_ddp_imports_so_a_warm_rank_builds_ddp_without_impor
     assert procinfo.threads(warmstart.server_pid()) == 1
 
 
+DDP_THEN_DYNAMO = """import sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+before = 'torch._dynamo' in sys.modules
+dist.init_process_group('gloo')
+model = DistributedDataParallel(torch.nn.Linear(2, 1))
+model(torch.ones(1, 2)).sum().backward()
+print(before, 'torch._dynamo' in sys.modules, model.module.weight.grad.tolist(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_server_told_its_ranks_build_no_ddp_skips_dynamo_and_a_rank_that_builds_one_still_does(script_file):
+    lean_env = {envvars.FORK_SERVER_DYNAMO: "0"}
+    default = launch(script_file(DDP_THEN_DYNAMO), 2, echo="none", timeout=60)
+    server = warmstart.server_pid()
+    lean = launch(script_file(DDP_THEN_DYNAMO), 2, echo="none", env=lean_env, timeout=60)
+    assert (default.start_mode, lean.start_mode) == ("warm", "warm"), lean.cold_reason
+    assert warmstart.server_pid() != server  # a server of its own: what it imported is a startup setting
+    assert default.output[0][-1].startswith("True True")  # preimported by the server
+    assert lean.output[0][-1].startswith("False True")  # not preimported; DDP's constructor imported it
+    assert lean.output[0][-1] == default.output[0][-1].replace("True", "False", 1)  # the same gradient
+    again = launch(script_file(DDP_THEN_DYNAMO), 2, echo="none", env=lean_env, timeout=60)
+    assert again.start_mode == "warm" and again.output[0][-1] == lean.output[0][-1]  # the lean one serves on
+    assert procinfo.threads(warmstart.server_pid()) == 1
+
+
 KERNEL_CODE = '''
 import json, os, ddp_tutorial
 from ddp_tutorial import warmstart

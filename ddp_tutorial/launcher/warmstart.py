@@ -41,6 +41,8 @@ STARTUP_PREFIXES = ("PYTHON", "LD_", "LC_", "LANG", "HOME", "OMP_", "GOMP_", "KM
 #: ``is_torchelastic_launched``, the error file), never at import. Counted as startup settings, every
 #: restart and every launch with another ``max_restarts`` replaced the server and paid its import.
 PER_LAUNCH_PREFIXES = ("TORCHELASTIC_",)
+#: The kit's own startup settings: a server without ``torch._dynamo`` serves only launches that ask for that.
+STARTUP_NAMES = (envvars.FORK_SERVER_DYNAMO,)
 #: Read at import too, but a forked rank reads them again (``forkserver/server.py``'s ``reapply_import_settings``),
 #: so a launch with ``env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}`` needs no server of its own.
 REAPPLIED_PER_RANK = ("TORCH_DISTRIBUTED_DEBUG",)
@@ -66,9 +68,10 @@ def warm_by_default() -> bool:
 
 
 def startup_env(env: Dict[str, str]) -> Dict[str, str]:
-    """The part of ``env`` that takes effect at interpreter start or ``import torch`` (less what ranks reread)."""
-    return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES) and k not in REAPPLIED_PER_RANK
-            and not k.startswith(PER_LAUNCH_PREFIXES)}
+    """The part of ``env`` that takes effect at interpreter start or ``import torch`` (less what ranks reread),
+    and the kit's own settings of what the server imports."""
+    return {k: v for k, v in env.items() if (k.startswith(STARTUP_PREFIXES) and k not in REAPPLIED_PER_RANK
+            and not k.startswith(PER_LAUNCH_PREFIXES)) or k in STARTUP_NAMES}
 
 
 def _env_bytes(env: Dict[str, str]) -> int:

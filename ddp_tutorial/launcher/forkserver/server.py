@@ -326,8 +326,10 @@ def main() -> None:
     try:
         # DDP's constructor imports torch._dynamo: about 2 s of CPU per rank, paid by every
         # rank that wraps a model. Imported here once, a rank's DDP(model) takes milliseconds.
-        # It starts no thread (checked below, with the rest).
-        preimport_dynamo()
+        # It starts no thread (checked below, with the rest). Not when the launcher says its
+        # ranks build no DDP model: then the import would be the server's whole extra cost.
+        if os.environ.get(bootstrap.envvars.FORK_SERVER_DYNAMO) != "0":
+            preimport_dynamo()
     except Exception:  # ranks import it themselves, as cold ones do
         pass
     gc.freeze()  # what torch made stays shared with the ranks: the collector would touch (copy) it
