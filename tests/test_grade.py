@@ -142,6 +142,10 @@ def graded():
         "syntax/init.py": b"def broken(:\n    pass\n",
         "binary/init.py": bytes(range(256)) * 4,
         "empty/init.py": b"",
+        # What the rank had imported before the learner's first line: an init check's fork server skips
+        # torch._dynamo (no right answer builds a DDP model; DDP's constructor would import it).
+        "lean/init.py": probe("found['dynamo'] = 'torch._dynamo' in sys.modules\n"
+                              "found['torch'] = 'torch' in sys.modules\n"),
     }
     for name, data in files.items():
         path = subs / name
@@ -191,7 +195,7 @@ def probed(graded, learner) -> dict:
 
 
 LEARNERS = ["ana", "ben", "binary", "chatty", "cleo", "daemon", "deleter", "empty", "filler", "forks", "hog",
-            "linker", "listener", "loops", "reader", "syntax", "writer", "Zoë Müller"]
+            "lean", "linker", "listener", "loops", "reader", "syntax", "writer", "Zoë Müller"]
 
 
 def test_the_report_is_written_with_a_row_for_every_learner(graded):
@@ -201,12 +205,12 @@ def test_the_report_is_written_with_a_row_for_every_learner(graded):
     assert rows[0] == ["learner", "init", "wrap", "sampler", "no_sync", "teardown", "capstone", "shard", "my_ddp"]
     assert sorted(r[0] for r in rows[1:]) == sorted(LEARNERS)
     page = (out / "report.html").read_text(encoding="utf-8")
-    assert "<title>Exercise results: 18 learners</title>" in page and "forged" not in page
+    assert "<title>Exercise results: 19 learners</title>" in page and "forged" not in page
     for learner in LEARNERS:
         assert f'id="learner-{grade.report._id(learner)}"' in page
     assert "Content-Security-Policy" in page and "<script" not in page
-    assert "init: 2 of 18 pass" in graded["printed"]  # ana, Zoë Müller
-    assert "graded 18 learners in" in graded["printed"] and "[18/18]" in graded["printed"]
+    assert "init: 2 of 19 pass" in graded["printed"]  # ana, Zoë Müller
+    assert "graded 19 learners in" in graded["printed"] and "[19/19]" in graded["printed"]
 
 
 def test_right_answers_pass_and_mistakes_are_named(graded):
@@ -238,6 +242,10 @@ def test_broken_files_crash_or_fail_with_what_went_wrong(graded):
     linker = outcome(graded, "linker")
     assert linker.status == "not graded" and "symbolic link (to /etc/passwd)" in linker.summary
     assert "root:" not in (graded["out"] / "results.json").read_text()  # its target was never read
+
+
+def test_an_init_checks_ranks_start_with_torch_but_not_what_only_ddp_needs(graded):
+    assert probed(graded, "lean") == {"dynamo": False, "torch": True}  # the harness imported torch; nothing imported dynamo
 
 
 def test_an_endless_loop_that_ignores_sigterm_times_out_and_is_gone(graded):
@@ -306,7 +314,7 @@ def test_nothing_listens_beyond_loopback(graded):
 
 def test_a_rerun_checks_only_what_changed(graded):
     again = graded["again"]
-    assert again.count("(unchanged: from the cache)") == 17 and "[18/18] empty · init: ✓" in again
+    assert again.count("(unchanged: from the cache)") == 18 and "[19/19] empty · init: ✓" in again
     assert next(o for o in graded["rerun"]["outcomes"] if o.learner == "empty" and o.exercise == "init").status == "passed"
 
 
