@@ -1,4 +1,4 @@
-"""Every environment variable the kit passes between its processes, named once.
+"""Every environment variable the kit passes between its processes, named once (and its one signal).
 
 The kernel sets these for the ranks it starts (``launcher/start.py``), the ranks read
 them (``rank/bootstrap.py``, ``runfolder.py``, the exercise workers), and a learner may
@@ -7,6 +7,7 @@ set the first few to change a default. Standard library only, so both sides impo
 """
 
 import os
+import signal
 
 # -- Set by a learner (or a test) to change a default --------------------------
 #: "0" turns warm launches off: every rank starts as a new process.
@@ -54,6 +55,16 @@ MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
 USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 #: "1" gives every rendezvous round a store of its own (multi-node restarts need it).
 FRESH_RDZV_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+# -- The one signal the kit sends between its processes ------------------------------
+def stacks_signal() -> int:
+    """The signal with which ``launch`` asks a rank to write its Python stacks and carry on.
+
+    A real-time signal that nothing in the kit, torch or gloo uses. A rank's bootstrap ignores
+    it until it can answer it, so asking never kills a rank.
+    """
+    return signal.SIGRTMIN + 3
 
 
 def restart_attempt() -> int:

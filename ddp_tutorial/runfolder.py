@@ -109,8 +109,13 @@ def failure_notes(run_dir, attempt: int) -> Dict[int, Dict[str, Any]]:
     return notes
 
 
+def stacks_file(run_dir, attempt: int, rank: int) -> Path:
+    """Where a rank writes its stacks; it exists once the rank can write them when asked."""
+    return Path(run_dir, RANK_NOTES, f"stacks-attempt{attempt}-rank{rank}.txt")
+
+
 def stack_notes(run_dir, attempt: int) -> Dict[int, str]:
-    """rank -> every thread's Python stack (faulthandler's words) that the rank wrote when SIGTERM stopped it."""
+    """rank -> every thread's Python stack (faulthandler's words) that the rank wrote when asked or stopped."""
     stacks = {}
     for path in Path(run_dir, RANK_NOTES).glob(f"stacks-attempt{attempt}-rank*.txt"):
         try:

@@ -1,7 +1,8 @@
 """Where was each rank? The Python stacks ranks write when a launch stops them.
 
-When ``launch``'s deadline passes, it stops the ranks with SIGTERM, and each rank's
-bootstrap has ``faulthandler`` write every thread's Python stack first
+When ``launch``'s deadline passes, it asks every rank for its stacks
+(``envvars.stacks_signal()``), waits until each has written them, and only then stops
+the ranks: each rank's bootstrap has ``faulthandler`` write every thread's Python stack
 (``rank/bootstrap.py``, ``RankNotes``). This module turns those notes into what a
 learner needs: the main thread's stack from the script on, and the
 ``torch.distributed`` call it was waiting in. Standard library only (kernel side).
@@ -46,6 +47,13 @@ def _main_thread(text: str) -> List[Tuple[str, str, str]]:
     return current[0] if current else (threads[0][1] if threads else [])
 
 
+def wrote_script_stack(text: str) -> bool:
+    """Whether a dump (perhaps still being written) holds the script's whole stack: the thread that
+    runs the script has reached the frames that start the rank, which come after the script's."""
+    return any(any(file.endswith(m) for file, _, _ in frames for m in _MACHINERY[:2])
+               for _, frames in _threads(text))
+
+
 def script_stack(text: str) -> str:
     """The main thread's stack from the script on, most recent call first, as faulthandler prints it."""
     frames = [f for f in _main_thread(text) if not any(m in f[0] for m in _MACHINERY)]
@@ -79,8 +87,8 @@ def rank_stacks(run_dir, attempt: int, ranks) -> Dict[int, str]:
     """rank -> its script's stack at the moment it was stopped, for each of ``ranks``."""
     notes = runfolder.stack_notes(run_dir, attempt)
     return {r: (script_stack(notes[r]) if r in notes else
-                "(no stack: the rank did not write one when stopped; a script with its own "
-                "SIGTERM handler, or a rank killed before it could, leaves none)") for r in ranks}
+                "(no stack: the rank did not write one when asked or stopped; a script with its own "
+                "handler for those signals, or a rank stopped before it could, leaves none)") for r in ranks}
 
 
 def rank_waits(run_dir, attempt: int, ranks) -> Dict[int, Optional[str]]:

@@ -43,6 +43,33 @@ def only_checks(cpu_s: float = 1.0, wall_s: float = 10.0):
     assert wall < wall_s, f"{wall:.1f} s: it waited for something"
 
 
+#: The order in which the two pytest-xdist workers take modules and notebooks (``--dist loadscope
+#: --no-loadscope-reorder``: one at a time, in this order, then everything else in collection order).
+#: Long ones first, so the short ones at the end even out the two workers' finishing times; and one
+#: that mostly waits (for a deadline, a peer, a daemon) beside one that computes, so the waiting one
+#: leaves its core to the other. Measured with ``pytest -n 0`` on 2 cores: (wall s, CPU s).
+LONG_ONES_FIRST = (
+    "tests/test_beyond_one_machine.py",  # 70, 80: two torchrun agents restarting, and waits
+    "tests/test_exercises.py",  # 51, 73
+    "tests/test_launcher.py",  # 44, 14: deadlines
+    "tests/test_grade.py",  # 42, 62
+    "tests/test_failure_order_and_stacks.py",  # 34, 5: deadlines
+    "tests/test_warm.py",  # 44, 51
+    "tests/test_slurm.py",  # 40, 50
+    "tests/test_bench.py",  # 26, 37
+    "notebooks/11_build_your_own_ddp.ipynb",  # 16, 8
+    "tests/test_hardening.py",  # 17, 18
+    "notebooks/06_capstone_port_a_script.ipynb",  # 13, 22
+    "tests/test_train.py",  # 13, 16
+    "notebooks/07_performance_lab.ipynb",  # 11, 12
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    place = {name: i for i, name in enumerate(LONG_ONES_FIRST)}
+    items.sort(key=lambda item: place.get(item.nodeid.split("::")[0], len(place)))  # stable: the rest keep their order
+
+
 def _leftovers(base: Path) -> list:
     """Live processes whose run folder (DDP_TUTORIAL_RUN_DIR) lies under ``base``: ranks, or what they started."""
     return procinfo.pids_with_env("DDP_TUTORIAL_RUN_DIR", str(base.resolve()), prefix=True)

@@ -5,12 +5,17 @@ so ``launch`` orders failures by the moment each rank noted its own; and at a
 deadline every rank writes its Python stack before it stops.
 """
 
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from conftest import processes_of_run
-from ddp_tutorial import LaunchTimeout, WorkerError, launch, stacks
+from ddp_tutorial import LaunchTimeout, WorkerError, launch, runfolder, stacks
+from ddp_tutorial.launcher.supervise import STACKS_WAIT_S
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -39,12 +44,64 @@ def test_a_rank_killed_by_a_signal_leaves_no_note_and_is_still_named():
     assert "killed by SIGKILL" in str(err) and "stopped the other ranks still running (0)" in str(err)
 
 
+def _first_record(run_dir: Path, rank: int, phase: str):
+    try:
+        return next((r for r in runfolder.read_jsonl(run_dir / f"rank{rank}.jsonl") if r.get("phase") == phase), None)
+    except OSError:  # not written yet
+        return None
+
+
+def _rank0_wrote_its_stack(run_dir: Path) -> bool:
+    try:
+        return stacks.wrote_script_stack(runfolder.stacks_file(run_dir, 0, 0).read_text())
+    except OSError:
+        return False
+
+
+def _when(condition, launch_over: threading.Event, limit_s: float = 60.0) -> bool:
+    """Look for ``condition`` until it holds (True), the launch is over or ``limit_s`` passed (False)."""
+    end = time.monotonic() + limit_s
+    while not launch_over.is_set() and time.monotonic() < end:
+        if condition():
+            return True
+        launch_over.wait(0.01)  # what is looked for is a file being written: nothing to wake on
+    return False
+
+
+def _hold_rank1_off_the_cpu(run_dir: Path, launch_over: threading.Event) -> None:
+    """From the moment rank 1 is inside its all_reduce, keep it stopped (SIGSTOP) until rank 0 has
+    written its stack or was stopped: if the launcher stopped rank 0 first, rank 1 (which could not
+    answer while held) would show its all_reduce failing, as a starved rank on a busy core did."""
+    if not _when(lambda: _first_record(run_dir, 0, "joined") and _first_record(run_dir, 1, "inside all_reduce"),
+                 launch_over):
+        return
+    rank1 = _first_record(run_dir, 1, "joined")["pid"]
+    os.kill(rank1, signal.SIGSTOP)
+    try:
+        _when(lambda: _rank0_wrote_its_stack(run_dir) or _first_record(run_dir, 0, "stopped"), launch_over)
+    finally:
+        os.kill(rank1, signal.SIGCONT)
+
+
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
-def test_a_deadline_shows_each_ranks_stack(warm, capsys):
-    with pytest.raises(LaunchTimeout) as info:
-        # Long enough for both ranks to join and reach their waits on a busy machine.
-        launch(str(SCRIPTS / "wait_for_missing_peer.py"), 2, timeout=12, warm=warm)
+def test_a_deadline_shows_each_ranks_stack_written_before_any_rank_is_stopped(warm, capsys, tmp_path):
+    run_dir = tmp_path / "run"
+    launch_over = threading.Event()
+    holder = threading.Thread(target=_hold_rank1_off_the_cpu, args=(run_dir, launch_over))
+    holder.start()
+    try:
+        with pytest.raises(LaunchTimeout) as info:
+            # Long enough for both ranks to join and reach their waits on a busy machine (cold ranks
+            # import torch first).
+            launch(str(SCRIPTS / "wait_for_missing_peer.py"), 2, timeout=8 if warm else 12, warm=warm,
+                   run_dir=run_dir)
+    finally:
+        launch_over.set()
+        holder.join()
     err = info.value
+    # Rank 1 was held off the CPU until rank 0 had answered: its stack was still asked for, and
+    # taken, before SIGTERM reached rank 0 (which reports what it found then).
+    assert [r["rank1_stack_written"] for r in err.run.results(0) if r["phase"] == "stopped"] == [True]
     assert set(err.stacks) == {0, 1}
     assert err.waiting_in == {0: None, 1: "all_reduce"}
     assert "in all_reduce" in err.stacks[1] and "wait_for_missing_peer.py" in err.stacks[1]
@@ -60,10 +117,20 @@ def test_a_deadline_shows_each_ranks_stack(warm, capsys):
     assert not processes_of_run(err.run.run_dir)
 
 
-def test_a_rank_that_ignores_sigterm_has_no_stack_and_says_why():
+def test_a_rank_that_ignores_sigterm_still_shows_where_it_was_and_is_killed_after_grace():
+    """Rank 1 ignores the signal that asks for its stacks too: the deadline waits for its answer
+    only so long (``STACKS_WAIT_S``), and says why it has none."""
+    t0 = time.monotonic()
     with pytest.raises(LaunchTimeout) as info:
-        launch(str(SCRIPTS / "ignore_sigterm.py"), 1, timeout=3, grace=0.5, echo="none")
-    assert "no stack" in info.value.stacks[0] and info.value.waiting_in == {0: None}
+        launch(str(SCRIPTS / "ignore_sigterm.py"), 2, ["--and-the-stacks-signal-on", "1"], timeout=3,
+               grace=0.5, echo="none")
+    err = info.value
+    # deadline 3 s + the wait for rank 1's stack + grace 0.5 s + reaping; generous for a loaded machine
+    assert time.monotonic() - t0 < 3 + STACKS_WAIT_S + 10
+    assert "in <module>" in err.stacks[0] and "ignore_sigterm.py" in err.stacks[0]
+    assert "no stack" in err.stacks[1] and err.waiting_in == {0: None, 1: None}
+    assert err.run.exit_codes == {0: -9, 1: -9}
+    assert not processes_of_run(err.run.run_dir)
 
 
 def test_stacks_are_read_from_faulthandlers_words():

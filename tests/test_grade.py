@@ -106,7 +106,9 @@ def graded():
         "Zoë Müller/init.py": (SOLUTIONS_DIR / "init.py").read_bytes(),
         "Zoë Müller/init (1).py": b"print('an older copy')\n",
         "ben/init.py": (MISTAKES / "init_no_destroy.py").read_bytes(),
-        "loops/init.py": (b"import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        # Rank 0 loops, rank 1 waits for it (as a peer in a collective would): both ignore SIGTERM.
+        "loops/init.py": (b"import os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                          b"if os.environ.get('RANK') != '0':\n    time.sleep(3600)\n"
                           b"while True:\n    pass\n"),
         "chatty/init.py": (b"import os, sys, time\nif os.environ.get('RANK') != '0':\n    time.sleep(3600)\n"
                            b"line = 'x' * (1 << 20) + '\\n'\nfor _ in range(1024):\n    sys.stdout.write(line)\n"),

@@ -182,6 +182,16 @@ def killpg(p, sig: int) -> None:
         pass
 
 
+def signal_rank(p, sig: int) -> None:
+    """Signal rank ``p`` itself (not its group), only while ``p`` is not reaped (its pid is ours)."""
+    if p.returncode is not None or getattr(p, "lost", False):
+        return
+    try:
+        os.kill(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def sweep(p) -> None:
     """Kill what an exited, unreaped rank ``p`` left in its group (e.g. a DataLoader worker), then forget it."""
     if not getattr(p, "lost", False):  # a lost warm rank's pid may be another's by now

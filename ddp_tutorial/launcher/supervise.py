@@ -19,6 +19,10 @@ from ddp_tutorial.launcher.errors import LaunchTimeout, WorkerError, describe_ex
 from ddp_tutorial.launcher.spec import LaunchSpec
 from ddp_tutorial.runfolder import Run
 
+#: The most a deadline waits for the ranks' stacks (they come in milliseconds; a rank that cannot
+#: answer, e.g. one stopped with SIGSTOP, only delays the SIGTERM that follows).
+STACKS_WAIT_S = 2.0
+
 
 def run_attempts(spec: LaunchSpec, t0: float) -> Run:
     """Start and supervise attempts until one succeeds, or the restarts are used up.
@@ -78,13 +82,23 @@ def supervise(spec: LaunchSpec, attempt: start.Attempt, deadline: float, t0: flo
     # Failure or deadline: stop everyone, read what is left, then explain.
     failed_on_their_own = {r for r, c in group.exit_codes.items() if c not in (None, 0)}
     still = [r for r, c in group.exit_codes.items() if c is None]
-    group.stop(spec.grace)  # SIGTERM: each rank writes its stacks, or finishes reporting its failure
+    if failed is None:  # the deadline: where was each rank? Asked before any rank is stopped.
+        group.ask_for_stacks(lambda r: runfolder.stacks_file(spec.run_dir, attempt.number, r).exists(),
+                             lambda r: _wrote_stack(spec.run_dir, attempt.number, r), STACKS_WAIT_S)
+    group.stop(spec.grace)  # SIGTERM: a rank finishes reporting its failure (and writes its stacks if not asked)
     group.close()
     run = launch_run(spec, attempt, t0)
     if failed is not None:
         notes = runfolder.failure_notes(spec.run_dir, attempt.number)
         raise _worker_error(run, failure_order(group.exit_seen, failed_on_their_own, notes), still)
     raise _timeout(spec, attempt.number, run, still)
+
+
+def _wrote_stack(run_dir, attempt: int, rank: int) -> bool:
+    try:
+        return stacks.wrote_script_stack(runfolder.stacks_file(run_dir, attempt, rank).read_text(errors="replace"))
+    except OSError:
+        return False
 
 
 def failure_order(exit_seen: Dict[int, float], exited_failing, notes: Dict[int, dict]) -> List[int]:

@@ -16,8 +16,9 @@ import select
 import signal
 import time
 import weakref
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
+from ddp_tutorial import envvars
 from ddp_tutorial.launcher import procgroup, warmstart
 
 #: Seconds to read what the ranks wrote before they exited (what a grandchild
@@ -167,6 +168,27 @@ class WorkerGroup:
             if self.done() or left <= 0:
                 return self.done()
             self.pump(min(0.05, left))
+
+    def ask_for_stacks(self, can_answer: Callable[[int], bool], answered: Callable[[int], bool],
+                       timeout_s: float) -> None:
+        """Ask every live rank that ``can_answer`` for its Python stacks (``envvars.stacks_signal()``),
+        then handle output and exits until each rank asked has ``answered``, exited, or ``timeout_s``.
+
+        Every rank answers while all are still running: a rank stopped first would close its
+        connections, and a peer's stack would then show it failing instead of where it waited.
+        """
+        self.reap()
+        asked = [r for r, p in enumerate(self.procs) if p.returncode is None and can_answer(r)]
+        for rank in asked:
+            procgroup.signal_rank(self.procs[rank], envvars.stacks_signal())
+        end = time.monotonic() + timeout_s
+        while True:
+            self.reap()
+            asked = [r for r in asked if self.procs[r].returncode is None and not answered(r)]
+            left = end - time.monotonic()
+            if not asked or left <= 0:
+                return
+            self.pump(min(0.01, left))  # a file being written wakes nothing: look again soon
 
     def stop(self, grace: float = 1.0) -> None:
         """SIGTERM every live rank's process group, then SIGKILL what is left after ``grace`` s."""

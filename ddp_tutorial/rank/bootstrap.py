@@ -20,8 +20,8 @@ each rendezvous of a worker gets keys of its own (``fresh_key_space_per_rendezvo
 Under ``launch`` a rank also leaves two notes in ``<run_dir>/.ranks/`` (``RankNotes``):
 when it failed, on a clock every process of the machine shares, so that ``launch``
 names the rank that failed *first* even when a later failure exits sooner; and,
-when SIGTERM stops it, each of its threads' Python stacks (``faulthandler``), so
-that a launch deadline shows where every rank was waiting.
+when a launch deadline passes, each of its threads' Python stacks (``faulthandler``), so
+that the deadline shows where every rank was waiting.
 """
 
 import atexit
@@ -248,10 +248,13 @@ class RankNotes:
     (the traceback report, atexit handlers, exiting). CLOCK_MONOTONIC is one clock for the
     whole machine, so notes of different ranks compare.
 
-    ``stacks-attempt<A>-rank<R>.txt``: what ``faulthandler`` writes when SIGTERM arrives
-    (every thread's Python stack, most recent call first), after which the rank dies of
-    SIGTERM as it would have. faulthandler's handler runs in C, so it answers even while
-    the script waits inside a collective. Left empty (and removed at exit) otherwise.
+    ``stacks-attempt<A>-rank<R>.txt``: what ``faulthandler`` writes when ``launch`` asks
+    (``envvars.stacks_signal()``, at a deadline): every thread's Python stack, most recent call
+    first; the rank carries on. ``launch`` asks every rank and waits for every answer before it
+    stops any, so that no rank's stack shows a moment after a peer died. faulthandler's handler
+    runs in C, so it answers even while the script waits inside a collective. SIGTERM writes the
+    stacks too (a rank asked too late), then kills the rank as it would have. The file exists
+    under its name only once the rank can answer; it is removed at exit if never written.
     """
 
     FOLDER = ".ranks"
@@ -261,7 +264,8 @@ class RankNotes:
         os.makedirs(folder, exist_ok=True)
         self.failure_path = os.path.join(folder, f"failure-attempt{attempt}-rank{rank}.json")
         self.stacks_path = os.path.join(folder, f"stacks-attempt{attempt}-rank{rank}.txt")
-        self._stacks = open(self.stacks_path, "w")  # faulthandler needs the file before the signal
+        # faulthandler needs the file before the signal; it gets its name once the rank can answer.
+        self._stacks = open(self.stacks_path + ".starting", "w")
 
     @classmethod
     def for_this_rank(cls) -> "RankNotes | None":
@@ -274,15 +278,24 @@ class RankNotes:
         except (OSError, ValueError):  # notes help; a rank runs without them
             return None
 
-    def dump_stacks_on_sigterm(self) -> None:
-        """On SIGTERM: write every thread's stack, then die of SIGTERM (``chain``) as before.
+    def write_stacks_when_asked(self) -> None:
+        """Answer ``envvars.stacks_signal()`` by writing every thread's stack and carrying on;
+        on SIGTERM write them, then die of SIGTERM (``chain``) as before.
 
-        A process the script forks (a DataLoader worker) inherits the handler: it is
-        dropped there, so only the rank writes this file. A script that installs its
-        own SIGTERM handler replaces this one: that rank then has no stacks.
+        Until now the stacks signal is ignored (so asking never kills a rank), and it is again
+        once ``close`` unregisters it. A process the script forks (a DataLoader worker) inherits
+        the handlers: they are dropped there, so only the rank writes this file. A script that
+        installs its own handler for either signal replaces this one.
         """
+        asked = envvars.stacks_signal()
+        signal.signal(asked, signal.SIG_IGN)  # what unregister puts back: a late request is ignored
+        faulthandler.register(asked, file=self._stacks, all_threads=True, chain=False)
         faulthandler.register(signal.SIGTERM, file=self._stacks, all_threads=True, chain=True)
-        os.register_at_fork(after_in_child=lambda: faulthandler.unregister(signal.SIGTERM))
+        os.register_at_fork(after_in_child=_drop_stack_handlers_in_child)
+        try:  # from now on launch may ask: it asks only a rank whose file has this name
+            os.replace(self.stacks_path + ".starting", self.stacks_path)
+        except OSError:
+            self.stacks_path += ".starting"
 
     #: Errors that say a peer went away first: this rank's failure is a consequence of another's.
     PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
@@ -311,12 +324,19 @@ class RankNotes:
     def close(self) -> None:
         """At exit: drop the stacks file if SIGTERM never filled it."""
         faulthandler.unregister(signal.SIGTERM)  # never write to a descriptor about to close
+        faulthandler.unregister(envvars.stacks_signal())
         try:
             self._stacks.close()
             if os.path.getsize(self.stacks_path) == 0:
                 os.remove(self.stacks_path)
         except OSError:
             pass
+
+
+def _drop_stack_handlers_in_child() -> None:
+    faulthandler.unregister(signal.SIGTERM)
+    faulthandler.unregister(envvars.stacks_signal())
+    signal.signal(envvars.stacks_signal(), signal.SIG_DFL)  # as any new process has it
 
 
 def main() -> None:
@@ -335,7 +355,7 @@ def run_rank() -> None:
     prepare_store()
     notes = RankNotes.for_this_rank()
     if notes:
-        notes.dump_stacks_on_sigterm()
+        notes.write_stacks_when_asked()
     code = 0
     try:
         run_script()
