@@ -211,7 +211,7 @@ def cases(run: Run) -> dict:
             "find_unused_steps": rank0["find_unused_steps"]}
 
 
-def unused_parameter_hang(timeout: float = 8.0) -> dict:
+def unused_parameter_hang(timeout: float = 5.0) -> dict:
     """BucketDDP on 2 ranks where only rank 0 takes a branch: launched with a short deadline, it times out.
 
     Returns:
