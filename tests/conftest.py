@@ -2,12 +2,20 @@
 
 import contextlib
 import os
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from ddp_tutorial.launcher import procinfo
+
+# Thousands of processes import the kit during a run (ranks, notebook kernels, checks). Where
+# PYTHONDONTWRITEBYTECODE is set (some machine images set it), each would compile the kit from
+# source again: the suite lets them cache its bytecode (``__pycache__/``, ignored by git), as
+# Python does by default. Nothing else changes for them.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 
 @pytest.fixture(autouse=True)
@@ -44,24 +52,29 @@ def only_checks(cpu_s: float = 1.0, wall_s: float = 10.0):
 
 
 #: The order in which the two pytest-xdist workers take modules and notebooks (``--dist loadscope
-#: --no-loadscope-reorder``: one at a time, in this order, then everything else in collection order).
-#: Long ones first, so the short ones at the end even out the two workers' finishing times; and one
-#: that mostly waits (for a deadline, a peer, a daemon) beside one that computes, so the waiting one
-#: leaves its core to the other. Measured with ``pytest -n 0`` on 2 cores: (wall s, CPU s).
+#: --no-loadscope-reorder``: the next one goes to whichever worker is free, in this order; everything
+#: else follows in collection order). Long ones first, so the short ones at the end even out the two
+#: workers' finishing times; and ones that mostly wait (for a deadline, a peer, a daemon) placed to
+#: run beside ones that compute, so a waiting one leaves its core to the other. Measured with
+#: ``pytest -n 0`` on 2 cores: (wall s, CPU s).
 LONG_ONES_FIRST = (
-    "tests/test_beyond_one_machine.py",  # 70, 80: two torchrun agents restarting, and waits
+    "tests/test_beyond_one_machine.py",  # 70, 80: torchrun agents restarting, and waits
     "tests/test_exercises.py",  # 51, 73
-    "tests/test_launcher.py",  # 44, 14: deadlines
     "tests/test_grade.py",  # 42, 62
-    "tests/test_failure_order_and_stacks.py",  # 34, 5: deadlines
+    "tests/test_launcher.py",  # 44, 14: deadlines
     "tests/test_warm.py",  # 44, 51
+    "tests/test_failure_order_and_stacks.py",  # 34, 5: deadlines
     "tests/test_slurm.py",  # 40, 50
+    "notebooks/11_build_your_own_ddp.ipynb",  # 15, 8: a deadline
     "tests/test_bench.py",  # 26, 37
-    "notebooks/11_build_your_own_ddp.ipynb",  # 16, 8
+    "notebooks/08_beyond_one_machine.ipynb",  # 11, 7
     "tests/test_hardening.py",  # 17, 18
     "notebooks/06_capstone_port_a_script.ipynb",  # 13, 22
+    "notebooks/01_init_process_group.ipynb",  # 11, 7
     "tests/test_train.py",  # 13, 16
+    "notebooks/09_pitfalls.ipynb",  # 11, 8
     "notebooks/07_performance_lab.ipynb",  # 11, 12
+    "notebooks/04_no_sync_accumulation.ipynb",  # 10, 9
 )
 
 
