@@ -31,7 +31,8 @@ JUNIT = '''<?xml version="1.0" encoding="utf-8"?>
 <testcase classname="tests.test_warm" name="test_ok" time="1.5"/>
 <testcase classname="tests.test_warm" name="test_bad[1-warm]" time="2.0"><failure message="AssertionError: rank 1 fails first">long
 traceback
-here</failure></testcase>
+here</failure><system-out>[launch] deadline passed; where each rank was:
+--- rank 1, inside torch.distributed.all_reduce</system-out></testcase>
 <testcase classname="tests.test_slurm" name="test_cluster" time="0.1"><skipped message="no slurm"/></testcase>
 <testcase classname="tests.test_launcher" name="test_setup" time="0.1"><error message="">fixture failed
 ProcessLookupError: [Errno 3] No such process
@@ -53,6 +54,11 @@ def test_a_junit_report_becomes_each_tests_outcome_and_first_lines(tmp_path):
     assert cases["tests/test_warm.py::test_bad[1-warm]"]["message"] == "AssertionError: rank 1 fails first\nlong\ntraceback"
     assert cases["tests/test_launcher.py::test_setup"]["message"].splitlines() == [
         "fixture failed", "ProcessLookupError: [Errno 3] No such process", "x"]
+    # The whole report and what the test printed (a deadline's stacks) are kept for the --json file.
+    bad = cases["tests/test_warm.py::test_bad[1-warm]"]["report"]
+    assert bad.startswith("AssertionError: rank 1 fails first\nlong\ntraceback\nhere\n--- printed ---\n")
+    assert bad.endswith("--- rank 1, inside torch.distributed.all_reduce")
+    assert "report" not in cases["tests/test_warm.py::test_ok"] and "report" not in cases["tests/test_slurm.py::test_cluster"]
 
 
 def test_the_suite_table_counts_failures_per_test_and_shows_each_runs_wall_time(tmp_path):

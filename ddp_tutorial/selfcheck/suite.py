@@ -29,6 +29,9 @@ from ddp_tutorial.selfcheck import busy_core
 README_TEST_COMMAND = ["pytest"]
 #: Lines of a failure's report shown in the table.
 FAILURE_LINES = 3
+#: A failure's captured output kept in ``--json`` (its last characters): a LaunchTimeout prints each
+#: rank's stack there, the cause a rare failure of a long table needs to be found.
+OUTPUT_CHARS = 20000
 
 
 def checkout() -> Path:
@@ -170,7 +173,9 @@ def junit_cases(path: Path) -> Dict[str, Dict]:
     """Each test of a junit XML report: ``{"outcome": passed|failed|error|skipped, "seconds", "message"}``.
 
     ``message`` is the first ``FAILURE_LINES`` non-empty lines of the failure's report
-    (pytest's message first, else its text).
+    (pytest's message first, else its text). A failure or error also has ``report``: the whole
+    report, then the last ``OUTPUT_CHARS`` of what the test printed (``system-out``/``system-err``,
+    present when pytest ran with ``-o junit_logging=all``, as ``run_tests`` does).
     """
     cases = {}
     for case in ET.parse(path).getroot().iter("testcase"):
@@ -178,15 +183,19 @@ def junit_cases(path: Path) -> Dict[str, Dict]:
         # pytest writes tests/test_x.py::test_y as classname "tests.test_x", name "test_y";
         # nbmake's notebooks as classname "" and name "notebooks/00_overview.ipynb"
         test = f"{classname.replace('.', '/')}.py::{name}" if classname else name
-        outcome, message = "passed", ""
+        outcome, message, report = "passed", "", ""
         for child in case:
             if child.tag in ("failure", "error", "skipped"):
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
                 text = "\n".join(filter(None, [child.get("message", ""), child.text or ""]))
                 message = "\n".join([line.rstrip() for line in text.splitlines() if line.strip()][:FAILURE_LINES])
+                report = text
                 if outcome != "skipped":
                     break
         cases[test] = {"outcome": outcome, "seconds": float(case.get("time", "nan")), "message": message}
+        if outcome in ("failed", "error"):
+            printed = "\n".join(child.text or "" for child in case if child.tag in ("system-out", "system-err"))
+            cases[test]["report"] = report + ("\n--- printed ---\n" + printed[-OUTPUT_CHARS:] if printed.strip() else "")
     return cases
 
 
@@ -209,7 +218,7 @@ def run_tests(python: Path, cwd: Path, tests: Sequence[str] = (), timeout: float
     """
     with tempfile.TemporaryDirectory(prefix="ddp-selfcheck-") as tmp:
         report = Path(tmp) / "junit.xml"
-        cmd = [str(python), "-m", *README_TEST_COMMAND, f"--junitxml={report}", *tests]
+        cmd = [str(python), "-m", *README_TEST_COMMAND, f"--junitxml={report}", "-o", "junit_logging=all", *tests]
         t0 = time.perf_counter()
         lines: List[str] = []
         # as in an activated venv: what the tests start by name (python, torchrun) is the venv's
