@@ -61,8 +61,8 @@ FRESH_RDZV_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 def stacks_signal() -> int:
     """The signal with which ``launch`` asks a rank to write its Python stacks and carry on.
 
-    A real-time signal that nothing in the kit, torch or gloo uses. A rank's bootstrap ignores
-    it until it can answer it, so asking never kills a rank.
+    A real-time signal that neither the kit nor torch's Python code uses (torch 2.13's sources have no
+    SIGRTMIN). A rank's bootstrap ignores it until it can answer it, so asking never kills a rank.
     """
     return signal.SIGRTMIN + 3
 

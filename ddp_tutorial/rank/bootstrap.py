@@ -322,7 +322,7 @@ class RankNotes:
             pass
 
     def close(self) -> None:
-        """At exit: drop the stacks file if SIGTERM never filled it."""
+        """At exit: stop answering (a late ask is ignored), and drop the stacks file if nothing was written."""
         faulthandler.unregister(signal.SIGTERM)  # never write to a descriptor about to close
         faulthandler.unregister(envvars.stacks_signal())
         try:
