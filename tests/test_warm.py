@@ -1,12 +1,18 @@
 """Warm launches: ranks forked from the fork server behave like cold ones, and the server never
 makes a launch fail (it dies, it refuses, it is turned off: the launch starts cold)."""
 
+import fcntl
 import json
 import os
+import select
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
+import time
 from pathlib import Path
 
 import pytest
@@ -190,6 +196,42 @@ def test_a_server_that_dies_while_starting_ranks_means_a_cold_launch(monkeypatch
     assert run.start_mode == "cold" and "fork server" in run.cold_reason
     assert run.exit_codes == {0: 0, 1: 0, 2: 0}
     assert not processes_of_run(run.run_dir)
+
+
+def queued_bytes(sock) -> int:
+    """Bytes of every packet waiting on ``sock`` (SIOCINQ sums the whole queue of a SEQPACKET socket)."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
+def test_a_rank_that_exits_before_the_launcher_reads_its_start_fails_the_launch_at_once(script_file, monkeypatch):
+    """A rank that fails at once (rank 0 on a taken port) can exit before the launcher reads the server's
+    "started": both that and "exited" then come in one read, before the launcher knows the pid as a rank's.
+    Made certain here: after sending the spawn, the launcher reads nothing until both are queued."""
+    script = script_file("import sys\nsys.exit(3)\n", "exit_at_once.py")
+    launch(PRINT_LINES, 1, echo="none")  # a server, ready
+    real_send = warmstart.ForkServer.send
+    held = []
+
+    def send_then_read_nothing_until_the_exit_is_queued(self, message, fds=()):
+        real_send(self, message, fds)
+        if "spawn" not in message:
+            return
+        select.select([self.sock], [], [], 10)  # the server's "started"
+        started = self.sock.recv(warmstart.MAX_MESSAGE, socket.MSG_PEEK)
+        pidfd = os.pidfd_open(json.loads(started)["pid"])
+        try:
+            held.append(bool(select.select([pidfd], [], [], 10)[0]))  # the rank has exited
+        finally:
+            os.close(pidfd)
+        wait_for(lambda: queued_bytes(self.sock) > len(started), 10, 'the server\'s "exited" behind its "started"')
+
+    monkeypatch.setattr(warmstart.ForkServer, "send", send_then_read_nothing_until_the_exit_is_queued)
+    t0 = time.monotonic()
+    with pytest.raises(launcher.WorkerError) as info:
+        launch(script, 1, echo="none", timeout=10)
+    assert held == [True] and info.value.run.start_mode == "warm"
+    assert (info.value.rank, info.value.exit_code) == (0, 3)
+    assert time.monotonic() - t0 < 5  # its exit was seen, not its deadline (10 s)
 
 
 def test_warm_false_and_the_environment_variable_give_cold_launches(monkeypatch):

@@ -178,6 +178,9 @@ class ForkServer:
         self.why: Optional[str] = None  # why it cannot serve
         self.gone = False
         self.ranks: Dict[int, WarmRank] = {}
+        #: pid -> exit code, for an exit reported before ``spawn`` made that pid a ``WarmRank``:
+        #: a rank that fails at once (a taken port) exits before the launcher reads its "started".
+        self._early_exits: Dict[int, int] = {}
         self._replies: Dict[int, Dict] = {}
         self._next_id = 0
 
@@ -205,6 +208,8 @@ class ForkServer:
                 rank = self.ranks.pop(message["exited"], None)
                 if rank is not None:
                     rank._code = message["code"]
+                else:  # read in the same pump as its "started": spawn has not made it a WarmRank yet
+                    self._early_exits[message["exited"]] = message["code"]
             elif "started" in message:
                 self._replies[message["started"]] = message
             elif "ready" in message:
@@ -277,7 +282,9 @@ class ForkServer:
             if write_end >= 0:
                 os.close(write_end)
             raise
-        self.ranks[rank.pid] = rank
+        rank._code = self._early_exits.pop(rank.pid, None)
+        if rank._code is None:  # its exit is still to come
+            self.ranks[rank.pid] = rank
         return rank
 
     def _lose(self, why: str) -> None:
