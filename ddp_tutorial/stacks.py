@@ -23,6 +23,8 @@ ASYNC_WAIT = "Work.wait (an async collective's handle)"
 _WAIT_CALL = re.compile(r"(?<!\bos)\.wait\(")  # not os.wait(): that waits for a child process
 #: Frames of the machinery that starts a rank, left out of what a learner reads.
 _MACHINERY = ("/rank/bootstrap.py", "/forkserver/server.py", "/runpy.py", "<frozen runpy>")
+#: The files whose frames start a rank (cold, or forked by the fork server): outermost in the thread that runs the script.
+_RANK_START = _MACHINERY[:2]
 
 
 def _threads(text: str) -> List[Tuple[str, List[Tuple[str, str, str]]]]:
@@ -41,7 +43,7 @@ def _main_thread(text: str) -> List[Tuple[str, str, str]]:
     """The frames of the thread that runs the script: the one whose outermost frame starts the rank."""
     threads = _threads(text)
     for _, frames in threads:
-        if frames and any(frames[-1][0].endswith(m) for m in _MACHINERY[:2]):
+        if frames and frames[-1][0].endswith(_RANK_START):
             return frames
     current = [frames for header, frames in threads if header.lower().startswith("current")]
     return current[0] if current else (threads[0][1] if threads else [])
@@ -50,8 +52,7 @@ def _main_thread(text: str) -> List[Tuple[str, str, str]]:
 def wrote_script_stack(text: str) -> bool:
     """Whether a dump (perhaps still being written) holds the script's whole stack: the thread that
     runs the script has reached the frames that start the rank, which come after the script's."""
-    return any(any(file.endswith(m) for file, _, _ in frames for m in _MACHINERY[:2])
-               for _, frames in _threads(text))
+    return any(file.endswith(_RANK_START) for _, frames in _threads(text) for file, _, _ in frames)
 
 
 def script_stack(text: str) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import processes_of_run
+from test_hardening import child_processes
 from ddp_tutorial import LaunchTimeout, WorkerError, launch, runfolder, stacks
 from ddp_tutorial.launcher.supervise import STACKS_WAIT_S
 
@@ -130,7 +131,7 @@ def test_a_rank_that_ignores_sigterm_still_shows_where_it_was_and_is_killed_afte
     assert "in <module>" in err.stacks[0] and "ignore_sigterm.py" in err.stacks[0]
     assert "no stack" in err.stacks[1] and err.waiting_in == {0: None, 1: None}
     assert err.run.exit_codes == {0: -9, 1: -9}
-    assert not processes_of_run(err.run.run_dir)
+    assert not processes_of_run(err.run.run_dir) and not child_processes()
 
 
 def test_stacks_are_read_from_faulthandlers_words():
