@@ -232,7 +232,7 @@ def part_exact(args, rank, world_size):
 
 
 # -- overlap -------------------------------------------------------------------
-def timed_steps(model, steps, seed, rank, world_size, rows):
+def timed_steps(model, steps, seed, rank, world_size, rows, group):
     """Per step: forward start, backward start, each gradient's ready time, backward end, synced, step end."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     ready = []
@@ -243,6 +243,9 @@ def timed_steps(model, steps, seed, rank, world_size, rows):
         x, y = batch(seed, 100 + step, rows * world_size, 32, 5)
         optimizer.zero_grad(set_to_none=True)
         ready.clear()
+        # Both ranks start the step together: a rank that a shared CPU set back in an earlier step would
+        # otherwise make its peer wait inside this step's all-reduces, and that wait is not communication.
+        dist.barrier(group=group)
         with log:
             t0 = time.perf_counter()
             loss = F.mse_loss(model(shard(x, rank, world_size)), shard(y, rank, world_size))
@@ -266,7 +269,7 @@ def part_overlap(args, rank, world_size):
     finals = {}
     for version in (*VERSIONS, "ddp"):
         model = wrap(version, timing_model(args.seed), group)
-        records = timed_steps(model, args.timing_steps, args.seed, rank, 2, args.batch_size)
+        records = timed_steps(model, args.timing_steps, args.seed, rank, 2, args.batch_size, group)
         finals[version] = digest(model.parameters())
         extra = {}
         if version == "ddp":
@@ -278,7 +281,7 @@ def part_overlap(args, rank, world_size):
     costs = {}
     for find in (False, True):
         model = ddp(timing_model(args.seed), group, find_unused_parameters=find)
-        rec = timed_steps(model, args.timing_steps, args.seed, rank, 2, args.batch_size)
+        rec = timed_steps(model, args.timing_steps, args.seed, rank, 2, args.batch_size, group)
         costs.setdefault(str(find), []).extend(r["step_end"] - r["forward"] for r in rec[1:])
     runfolder.report({"part": "overlap_final", "digests": finals, "find_unused_step_s": costs})
 
