@@ -111,6 +111,9 @@ def torchrun(nnodes: int, nproc: int, port: int, run_id: str, out: Path, train_a
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     # Inherited by the workers: processes_of_run(out) finds them all, wherever they run.
     env["DDP_TUTORIAL_RUN_DIR"] = str(Path(out).resolve())
+    # torchrun's own files (its --log-dir, from the environment: the command stays the documented one)
+    # beside the run, not in a new folder of the system's /tmp per agent.
+    env["PET_LOG_DIR"] = str(Path(out).resolve().parent / "torchrun-logs")
     # Output to a file, not a pipe: an agent blocked on a full pipe that nobody reads yet would
     # stall the other agent at the rendezvous (wait_agents waits for one agent at a time).
     log = tempfile.TemporaryFile("w+")

@@ -67,7 +67,8 @@ def test_the_same_script_runs_under_torchrun(reference, tmp_path):
     proc = subprocess.run(
         torchrun + ["--standalone", "--nproc-per-node", "2", "-m", "ddp_tutorial.train", "--out", str(out),
                     *COMMON, "--batch-size", "4", "--accum-steps", "2"],
-        capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        capture_output=True, text=True, timeout=180,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PET_LOG_DIR": str(tmp_path / "torchrun-logs")})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = Run(out)
     assert run.ranks == [0, 1] and run.summaries[1]["backend"] == "gloo"

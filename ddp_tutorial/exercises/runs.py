@@ -181,10 +181,19 @@ def start_plain(exercise: str, script: Path, out_dir: Path) -> Started:
     return _start("plain", [sys.executable, BOOTSTRAP, str(HARNESS), exercise, str(script)], 1, out_dir)
 
 
+#: Where, in a torchrun run's folder, torchrun keeps its own files (``--log-dir``).
+TORCHRUN_LOG_DIR = "torchrun-logs"
+
+
 def start_torchrun(exercise: str, script: Path, out_dir: Path, world_size: int = 2) -> Started:
-    """The harness under ``torchrun --standalone`` (its rendezvous on a free port of its choosing)."""
+    """The harness under ``torchrun --standalone`` (its rendezvous on a free port of its choosing).
+
+    torchrun's own files (a folder per run, for its workers' error files) go into ``out_dir`` too: its
+    default is a new folder in the system's temporary folder, one per check, never removed.
+    """
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc-per-node", str(world_size), "--max-restarts", "0",
+           "--log-dir", str(Path(out_dir).resolve() / TORCHRUN_LOG_DIR),
            BOOTSTRAP, str(HARNESS), exercise, str(script)]
     return _start("torchrun", cmd, world_size, out_dir)
 
