@@ -51,9 +51,9 @@ def only_checks(cpu_s: float = 1.0, wall_s: float = 10.0):
     assert wall < wall_s, f"{wall:.1f} s: it waited for something"
 
 
-#: The order in which the two pytest-xdist workers take modules and notebooks (``--dist loadscope
+#: The order in which the pytest-xdist workers take modules and notebooks (``--dist loadscope
 #: --no-loadscope-reorder``: the next one goes to whichever worker is free, in this order; everything
-#: else follows in collection order). Long ones first, so the short ones at the end even out the two
+#: else follows in collection order). Long ones first, so the short ones at the end even out the
 #: workers' finishing times; and ones that mostly wait (for a deadline, a peer, a daemon) placed to
 #: run beside ones that compute, so a waiting one leaves its core to the other. Measured with
 #: ``pytest -n 0`` on 2 cores: (wall s, CPU s).

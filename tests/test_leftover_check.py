@@ -17,7 +17,7 @@ def test_leaves_a_process(tmp_path):
 '''
 
 
-# In one process, and with two pytest-xdist workers as the README's `pytest` runs (the
+# In one process, and with pytest-xdist workers as the README's `pytest` runs (the
 # controller checks, after the worker that started the process has exited).
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_process_left_behind_fails_the_session(tmp_path, workers):
