@@ -9,13 +9,14 @@ The notebook-facing API::
 Importing this package does not import torch: only the worker processes do.
 """
 
+import sys
+
 from ddp_tutorial import torch_version
 
 # A torch outside the tested range is named here, in one line, not later inside a rank.
 torch_version.check()
 
 from ddp_tutorial import config, launcher  # noqa: E402
-from ddp_tutorial.launcher import warmstart  # noqa: E402  also ddp_tutorial.warmstart, its name before it moved
 from ddp_tutorial.config import TRAIN_MODULE, TRAIN_SCRIPT
 from ddp_tutorial.launcher import (
     LaunchConfigError,
@@ -32,10 +33,10 @@ from ddp_tutorial.torch_version import print_versions
 # train.py's flags are checked in the kernel before a launch starts anything.
 launcher.check_args_with([[TRAIN_SCRIPT], ["-m", TRAIN_MODULE]], config.launch_settings)
 
-# In a notebook, the fork server imports torch while the learner reads the first cells,
-# so the first launch is warm too (DDP_TUTORIAL_WARM=0 turns it off, as all warm launches).
-if warmstart.in_kernel():
-    launcher.prestart_fork_server()
+# In a notebook, the forkserver imports torch while the learner reads the first cells,
+# so the first launch is warm too (where launches are warm: launcher/warm.py).
+if "ipykernel" in sys.modules:
+    launcher.prestart_warm()
 
 __all__ = ["launch", "Run", "TRAIN_SCRIPT", "LaunchError", "LaunchConfigError", "WorkerError",
            "LaunchTimeout", "free_port", "scripts_path", "plots", "print_versions"]

@@ -10,7 +10,8 @@ import os
 import signal
 
 # -- Set by a learner (or a test) to change a default --------------------------
-#: "0" turns warm launches off: every rank starts as a new process.
+#: "0" starts every rank as a new process (cold); "1" forks ranks from a server that has imported torch
+#: (warm). Unset: warm on Linux, cold elsewhere (docs/platforms.md says why).
 WARM = "DDP_TUTORIAL_WARM"
 #: The folder new run folders are made in (default ``runs``).
 RUNS_ROOT = "DDP_TUTORIAL_RUNS"
@@ -22,20 +23,13 @@ MY_WORK = "DDP_TUTORIAL_MY_WORK"
 RUN_DIR = "DDP_TUTORIAL_RUN_DIR"
 #: "auto", "gloo" or "nccl": train.py's default ``--backend``.
 BACKEND = "DDP_TUTORIAL_BACKEND"
-#: The launching process: a rank dies with it (parent-death signal).
-LAUNCHER_PID = "DDP_TUTORIAL_LAUNCHER_PID"
+#: A descriptor the rank inherits: the read end of a pipe only the launching process can write to.
+#: It reads end-of-file when the launcher is gone, however it ended: the rank then kills its group.
+LAUNCHER_FD = "DDP_TUTORIAL_LAUNCHER_FD"
 #: How rank 0's bootstrap hosts the rendezvous store: "fd:N" (the socket launch bound),
 #: "bind" (bind MASTER_PORT itself), "join" (the other ranks). The bootstrap removes it
 #: before the script runs, so nothing the script starts inherits it.
 STORE = "DDP_TUTORIAL_STORE"
-#: Variables that belong to one run only: a fork server must not keep them between launches.
-PER_RUN = (RUN_DIR, STORE)
-#: Padding in the fork server's own environment, so a rank's environment fits in its place.
-FORK_SERVER_ROOM = "DDP_TUTORIAL_FORK_SERVER_ROOM"
-#: "0": the fork server imports torch but not ``torch._dynamo`` (about 2 s of CPU), for launches whose
-#: ranks never build a DDP model (the grader's "init" checks). A rank that builds one imports it itself,
-#: as a cold rank does. A startup setting: a launch gets a server started with its own value.
-FORK_SERVER_DYNAMO = "DDP_TUTORIAL_FORK_SERVER_DYNAMO"
 
 # -- Set by an exercise check for the ranks --------------------------------------
 #: The rank (as text) that ``task.loss_fn`` makes raise (the teardown check's second run).
@@ -61,10 +55,12 @@ FRESH_RDZV_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 def stacks_signal() -> int:
     """The signal with which ``launch`` asks a rank to write its Python stacks and carry on.
 
-    A real-time signal that neither the kit nor torch's Python code uses (torch 2.13's sources have no
-    SIGRTMIN). A rank's bootstrap ignores it until it can answer it, so asking never kills a rank.
+    SIGUSR2 exists on every POSIX system (Linux and macOS alike; real-time signals do not exist on
+    macOS). Under ``launch`` nothing else sends it: torch's Python code only forwards it when torchrun is
+    told to (``--signals-to-handle``, torch/distributed/run.py), and SLURM only when a job asks
+    (``--signal``). A rank's bootstrap ignores it until it can answer, so asking never kills a rank.
     """
-    return signal.SIGRTMIN + 3
+    return signal.SIGUSR2
 
 
 def restart_attempt() -> int:

@@ -4,9 +4,9 @@
 environment contract (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1,
 MASTER_PORT=<a port it holds>), streams their output as ``[rank r] ...``, and
 returns a ``Run`` with each rank's metrics. It never pickles notebook code and
-never forks the kernel: each rank is ``python <script>`` in a new process, or,
-warm (the default), forked from a fork server that has imported torch and
-nothing else, and then set up as that new process would be (``warmstart``).
+never forks the kernel: each rank is ``python <script>`` in a new process (cold), or,
+warm (the default on Linux), forked from Python's forkserver, which has imported torch,
+and then set up as that new process would be (``warm``). torch itself is never changed.
 
 The fault contract: the first rank that fails stops the whole group
 (``WorkerError`` with its traceback); a deadline turns a hang into
@@ -18,10 +18,11 @@ it); read the modules in this order (docs/how-it-is-built.md follows one launch 
 
 - ``spec``: ``LaunchSpec``, every argument checked once; the run folder claimed.
 - ``supervise``: the loop: attempts, fail-fast, deadlines, restarts, interrupts; the ``Run``.
-- ``start``: one attempt: warm or cold, each rank's environment, the store's socket (``net``).
+- ``start``: one attempt: each rank's environment, the store's socket (``net``), the launcher's watch.
+- ``warm``: the optional warm start (``multiprocessing``'s forkserver).
 - ``workergroup``: one attempt's ranks, their output and exits, on one poll.
-- ``procgroup``: a rank's process group: start, signal, sweep; the group keeper.
-- ``procinfo``: what /proc says about a process (every question the kit asks about one).
+- ``procgroup``: a rank's process group: start, signal, sweep; ``guard.py`` for a session.
+- ``procinfo``: what a process is (psutil: every question the kit asks about one).
 - ``errors``: what ``launch`` raises.
 
 This package imports no torch, so a launch costs the kernel nothing up front.
@@ -35,17 +36,16 @@ from typing import Dict, Optional, Sequence
 from ddp_tutorial.launcher.errors import (LaunchConfigError, LaunchError, LaunchTimeout, WorkerError,
                                           describe_exit, port_taken)
 from ddp_tutorial.launcher.net import LOOPBACK, free_port, loopback_interface
-from ddp_tutorial.launcher.keeper import keeper_pid
 from ddp_tutorial.launcher.spec import (BOOTSTRAP, MAX_WORLD_SIZE, LaunchSpec, check_args_with, scripts_path,
                                        worker_script)
-from ddp_tutorial.launcher.start import fork_server_ready, prestart_fork_server
+from ddp_tutorial.launcher.start import prestart_warm, warm_ready
 from ddp_tutorial.launcher.supervise import run_attempts
 from ddp_tutorial.runfolder import Run
 
 __all__ = ["launch", "Run", "LaunchSpec", "LaunchError", "LaunchConfigError", "WorkerError", "LaunchTimeout",
-           "describe_exit", "port_taken", "free_port", "loopback_interface", "LOOPBACK", "keeper_pid",
+           "describe_exit", "port_taken", "free_port", "loopback_interface", "LOOPBACK",
            "BOOTSTRAP", "MAX_WORLD_SIZE", "check_args_with", "scripts_path", "worker_script",
-           "prestart_fork_server", "fork_server_ready"]
+           "prestart_warm", "warm_ready"]
 
 
 def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float = 120.0,
@@ -68,10 +68,10 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
         master_port: a fixed port, 1-65535, instead of one ``launch`` binds itself
             (to show why not to hard-code it); rank 0 binds it on 127.0.0.1.
         grace: seconds (finite, >= 0) between SIGTERM and SIGKILL when stopping workers.
-        warm: fork the ranks from this process's fork server, which keeps torch imported
-            (``warmstart``); False starts each rank as a new process; None (default):
-            warm unless ``DDP_TUTORIAL_WARM=0``. nccl, and anything the server cannot
-            serve safely, starts cold all the same; ``run.start_mode`` says which it was.
+        warm: True forks the ranks from Python's forkserver, which keeps torch imported
+            (``launcher/warm.py``); False starts each rank as a new process, exactly as torchrun
+            would; None (default): ``DDP_TUTORIAL_WARM`` ("1"/"0") if set, else warm on Linux and
+            cold elsewhere. nccl starts cold all the same; ``run.start_mode`` says which it was.
 
     Returns:
         The ``Run``: per-rank metrics from ``run_dir``, output lines, wall time, and

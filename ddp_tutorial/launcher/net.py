@@ -11,7 +11,7 @@ import random
 import socket
 from typing import Optional
 
-from ddp_tutorial.launcher import procinfo
+import psutil
 
 LOOPBACK = "127.0.0.1"
 
@@ -59,9 +59,22 @@ def listener_ranges(low: int, high: int, floor: int = 20000, min_size: int = 100
     return []
 
 
+#: IANA's ephemeral range, macOS's default (sysctl net.inet.ip.portrange.first/last), and Windows'.
+IANA_EPHEMERAL = (49152, 65535)
+
+
 def ephemeral_range():
-    """The OS's range for outgoing connections' ports, ``(low, high)`` inclusive."""
-    return procinfo.ephemeral_port_range()
+    """The OS's range for outgoing connections' ports, ``(low, high)`` inclusive.
+
+    Linux keeps it in a kernel setting (a file, Linux only: its default is 32768-60999); every other
+    OS, and a Linux where the file cannot be read, gets IANA's range.
+    """
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", "rb") as f:  # Linux only, with the fallback below
+            low, high = (int(v) for v in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return IANA_EPHEMERAL
 
 
 def listen_socket() -> socket.socket:
@@ -88,16 +101,16 @@ def listen_socket() -> socket.socket:
 
 
 def loopback_interface() -> Optional[str]:
-    """The name of this machine's loopback network interface (``lo`` on Linux), or None."""
+    """The name of this machine's loopback network interface (``lo`` on Linux, ``lo0`` on macOS), or None.
+
+    gloo otherwise picks its interface from the host name, which on a Mac is an mDNS ``.local``
+    name that often does not resolve.
+    """
     try:
-        names = [name for _, name in socket.if_nameindex()]
-    except OSError:
-        return None
-    for name in names:
-        try:
-            with open(f"/sys/class/net/{name}/flags") as f:
-                if int(f.read(), 16) & 0x8:  # IFF_LOOPBACK
-                    return name
-        except (OSError, ValueError):
-            continue
-    return next((n for n in names if n in ("lo", "lo0")), None)
+        stats = psutil.net_if_stats()
+    except (OSError, psutil.Error):
+        stats = {}
+    for name, st in stats.items():
+        if "loopback" in getattr(st, "flags", "").split(","):
+            return name
+    return next((n for n in stats if n in ("lo", "lo0")), None)

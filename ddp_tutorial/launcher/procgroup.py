@@ -1,15 +1,15 @@
-"""A rank's process group: start it, signal it, sweep it, and make sure nothing of it outlives us.
+"""A rank's process group: start it, signal it, sweep it.
 
 Each rank leads a process group of its own (cold: ``start_new_session``; warm: the
-fork server's child calls ``setsid``), so one signal reaches the rank and anything
-it started. Its pid is the group's id, and stays ours only until the rank is
-reaped: every signal here is sent before that (``killpg``, ``sweep``).
+forked child calls ``setsid``), so one signal reaches the rank and anything it
+started. Its pid is the group's id, and stays ours only until the rank is reaped:
+every signal here is sent before that (``killpg``, ``sweep``).
 
-If this process dies without running any code (SIGKILL, a crashed kernel), the
-ranks die by their parent-death signal, and the group keeper (``keeper.py``) kills
-their groups. The limit: a process that started a session of its own has left its
-rank's group, and nothing here reaches it. What a process is (alive, its group's
-members) it asks ``procinfo``. Standard library only.
+If this process dies without running any code (SIGKILL, a crashed kernel), each rank
+reads end-of-file on the launcher's watch socket and kills its own group
+(``rank/bootstrap.py``); a session ``start_session`` started is watched the same way
+by ``guard.py``. The limit: a process that started a session of its own has left its
+rank's group, and nothing here reaches it. What a process is, it asks ``procinfo`` (psutil).
 """
 
 from __future__ import annotations
@@ -17,11 +17,15 @@ from __future__ import annotations
 import os
 import select
 import signal
+import socket
 import subprocess
+import sys
 import time
-from typing import Iterable, List, Optional
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional
 
-from ddp_tutorial.launcher import keeper, procinfo, warmstart
+from ddp_tutorial import envvars
+from ddp_tutorial.launcher import procinfo, warm
 from ddp_tutorial.launcher.errors import LaunchError
 
 #: Seconds the kernel gets to reap a rank after SIGKILL; a rank stuck in the
@@ -29,46 +33,48 @@ from ddp_tutorial.launcher.errors import LaunchError
 KILL_WAIT_S = 5.0
 #: Seconds a stopped session (``stop_session``) gets between SIGTERM and SIGKILL.
 STOP_GRACE_S = 3.0
+#: Runs a session's command and kills its group once the launcher is gone (standard library only).
+GUARD = str(Path(__file__).resolve().parent / "guard.py")
 
 
-def start(rank: int, cmd: List[str], env, store_fd: Optional[int] = None,
-          server: Optional[warmstart.ForkServer] = None, cwd: str = "", umask: int = 0):
-    """Start one rank as the leader of a new process group, and tell the keeper.
+def start(rank: int, cmd: List[str], env: Dict[str, str], store: Optional[socket.socket],
+          watch: socket.socket, warm_start: bool):
+    """Start one rank as the leader of a new process group.
 
     Args:
-        store_fd: the store's listening socket, passed to rank 0 only.
-        server: fork the rank from this fork server (with ``cwd`` and ``umask``);
-            None starts ``cmd`` as a new process.
+        cmd: ``[python, -u, BOOTSTRAP, SCRIPT, ARGS...]``. store: the store's listening socket,
+            for rank 0 only. watch: the ranks' end of the launcher's watch socket.
+        warm_start: fork it from the forkserver (``warm.WarmRank``), else a new process.
 
     Returns:
-        A ``subprocess.Popen``, or a ``warmstart.WarmRank``; its ``stdout`` is the output pipe.
+        A ``subprocess.Popen`` or a ``warm.WarmRank``; its ``stdout`` is the output pipe.
     """
-    fd = store_fd if rank == 0 else None
-    if server is not None:
-        p = server.spawn(cmd, env, cwd, umask, fd)
-    else:
+    store = store if rank == 0 else None
+    try:
+        if warm_start:
+            return warm.WarmRank(cmd[3:], env, store, watch)
+        fds = (watch.fileno(),) + ((store.fileno(),) if store is not None else ())
         # start_new_session: the rank gets its own process group, so a kill
         # reaches anything it started, and a terminal's Ctrl-C reaches only us.
-        try:
-            p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True, bufsize=0,
-                                 pass_fds=(fd,) if fd is not None else ())
-        except OSError as exc:
-            raise LaunchError(f"could not start rank {rank}: {exc}") from exc
-    keeper.keep(p.pid)
-    return p
+        return subprocess.Popen(cmd, env={**env, envvars.LAUNCHER_FD: str(watch.fileno())},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, bufsize=0, pass_fds=fds)
+    except OSError as exc:
+        raise LaunchError(f"could not start rank {rank}: {exc}") from exc
 
 
 def start_session(cmd: List[str], env, cwd, output) -> subprocess.Popen:
-    """Start ``cmd`` (a plain process, or torchrun) as the leader of a new session, and tell the keeper.
+    """Start ``cmd`` (a plain process, or torchrun) as the leader of a new session, under ``guard.py``.
 
     A session of its own, as a rank's: ``stop_session`` reaches everything it started
-    that stayed in its group, and a killed kernel's keeper kills that group.
+    that stayed in its group, and if this process dies, the guard kills that group.
     """
-    p = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=output,
-                         stderr=subprocess.STDOUT, start_new_session=True)
-    keeper.keep(p.pid)
-    return p
+    from ddp_tutorial.launcher.start import launcher_watch
+
+    watch = launcher_watch()
+    return subprocess.Popen([sys.executable, "-I", "-S", GUARD, str(watch.fileno()), *cmd], env=env, cwd=cwd,
+                            stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                            start_new_session=True, pass_fds=(watch.fileno(),))
 
 
 def wait_for_exit(p: subprocess.Popen, timeout: float) -> bool:
@@ -162,7 +168,7 @@ def wait_for_members(pgid: int, deadline: float) -> bool:
 
 def has_exited(p) -> bool:
     """Whether rank ``p`` has exited, without reaping it (where the OS allows)."""
-    if isinstance(p, warmstart.WarmRank):  # the server keeps it unreaped until we say so
+    if isinstance(p, warm.WarmRank):
         return p.exited()
     if not hasattr(os, "waitid"):  # e.g. macOS: this reaps, so no group sweep follows
         return p.poll() is not None
@@ -174,7 +180,7 @@ def has_exited(p) -> bool:
 
 def killpg(p, sig: int) -> None:
     """Signal the process group of rank ``p``, only while ``p`` is not reaped (its pid is ours)."""
-    if p.returncode is not None or getattr(p, "lost", False):
+    if p.returncode is not None:
         return
     try:
         os.killpg(p.pid, sig)  # the group: the rank and anything it started
@@ -184,7 +190,7 @@ def killpg(p, sig: int) -> None:
 
 def signal_rank(p, sig: int) -> None:
     """Signal rank ``p`` itself (not its group), only while ``p`` is not reaped (its pid is ours)."""
-    if p.returncode is not None or getattr(p, "lost", False):
+    if p.returncode is not None:
         return
     try:
         os.kill(p.pid, sig)
@@ -194,7 +200,5 @@ def signal_rank(p, sig: int) -> None:
 
 def sweep(p) -> None:
     """Kill what an exited, unreaped rank ``p`` left in its group (e.g. a DataLoader worker), then forget it."""
-    if not getattr(p, "lost", False):  # a lost warm rank's pid may be another's by now
-        killpg(p, signal.SIGKILL)
-        wait_for_members(p.pid, time.monotonic() + KILL_WAIT_S)
-    keeper.forget(p.pid)  # before the reap: until then the group id is ours
+    killpg(p, signal.SIGKILL)
+    wait_for_members(p.pid, time.monotonic() + KILL_WAIT_S)

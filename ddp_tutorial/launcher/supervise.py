@@ -14,7 +14,7 @@ import time
 from typing import Dict, List, Tuple
 
 from ddp_tutorial import runfolder, stacks
-from ddp_tutorial.launcher import start
+from ddp_tutorial.launcher import start, warm
 from ddp_tutorial.launcher.errors import LaunchTimeout, WorkerError, describe_exit, last_traceback
 from ddp_tutorial.launcher.spec import LaunchSpec
 from ddp_tutorial.runfolder import Run
@@ -31,10 +31,10 @@ def run_attempts(spec: LaunchSpec, t0: float) -> Run:
         t0: ``time.monotonic()`` when ``launch`` was called; the deadline is ``t0 + spec.timeout``.
     """
     deadline = t0 + spec.timeout
-    cold_reason = start.cold_reason(spec)
+    cold_reason = warm.use_warm(spec.warm, spec.backend)
     number = 0
     while True:
-        attempt = start.start_attempt(spec, number, cold_reason, deadline)
+        attempt = start.start_attempt(spec, number, cold_reason)
         try:
             return supervise(spec, attempt, deadline, t0)
         except WorkerError as exc:

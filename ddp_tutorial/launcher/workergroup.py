@@ -1,8 +1,9 @@
 """``WorkerGroup``: the ranks of one attempt, their output and their exits, watched from one thread.
 
-One ``select.poll`` covers every rank's output pipe, a pidfd per rank that becomes
-readable when the rank exits (where the OS has them), and the fork server's socket
-for warm ranks. What happens to each rank's process group is ``procgroup``'s.
+One ``select.poll`` covers every rank's output pipe and, per rank, what becomes readable
+when it exits: a pidfd (Linux) for a cold rank, the forkserver's sentinel for a warm one;
+elsewhere an exit is seen within a poll tick. What happens to each rank's process group is
+``procgroup``'s.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import os
 import re
 import select
 import signal
+import socket
 import time
 import weakref
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ddp_tutorial import envvars
-from ddp_tutorial.launcher import procgroup, warmstart
+from ddp_tutorial.launcher import procgroup, warm
 
 #: Seconds to read what the ranks wrote before they exited (what a grandchild
 #: that left their process group still holds open is not waited for longer).
@@ -38,23 +40,19 @@ class WorkerGroup:
         exit_codes: rank -> its exit code once reaped (negative: killed by that signal), else None.
         exit_seen: rank -> ``time.monotonic()`` when its exit was first seen (a rank killed by
             a signal leaves no note of when it failed: this is the best time there is).
-        procs: the ranks, ``subprocess.Popen`` or ``warmstart.WarmRank`` (forked by the server).
+        procs: the ranks, ``subprocess.Popen`` or ``warm.WarmRank``.
     """
 
     def __init__(self, cmd: List[str], envs: List[Dict[str, str]], echo: str,
-                 store_fd: Optional[int] = None, server: Optional[warmstart.ForkServer] = None):
+                 store: Optional[socket.socket], watch: socket.socket, warm_start: bool = False):
         """Start one process per environment in ``envs``, each running ``cmd``.
 
         Args:
             echo: "all" prints every rank's lines as ``[rank r] ...``, "rank0" only rank 0's, "none" none.
-            store_fd: the store's listening socket, for rank 0.
-            server: a fork server acquired for this group (``warmstart.acquire``): the
-                ranks are forked from it; None starts them as new processes. The group
-                releases it in ``close``.
+            store: the store's listening socket, for rank 0. watch: the launcher's watch socket.
+            warm_start: fork the ranks from the forkserver (``warm.WarmRank``), else new processes.
 
         Raises:
-            warmstart.ServerUnavailable: the server failed while starting the ranks
-                (those started were stopped): start the group cold instead.
             LaunchError: a rank could not be started (those started were stopped).
         """
         self.output: Dict[int, List[str]] = {r: [] for r in range(len(envs))}
@@ -62,20 +60,14 @@ class WorkerGroup:
         self.exit_seen: Dict[int, float] = {}
         self.echo = echo
         self.procs: list = []
-        self._server = server
         self._poll = select.poll()
-        self._server_fd: Optional[int] = None
-        if server is not None:  # the server reports each rank's exit on its socket
-            self._server_fd = server.fileno()
-            self._poll.register(self._server_fd, select.POLLIN)
         self._pipes: Dict[int, Tuple[int, io.IncrementalNewlineDecoder, object]] = {}
-        self._pidfds: Dict[int, int] = {}
+        self._exit_fds: Dict[int, int] = {}  # fd that becomes readable at a rank's exit -> rank
         self._partial: Dict[int, str] = {r: "" for r in range(len(envs))}
         _LIVE_GROUPS.add(self)
         try:
-            cwd, umask = (os.getcwd(), _current_umask()) if server is not None else ("", 0)
             for rank, env in enumerate(envs):
-                p = procgroup.start(rank, cmd, env, store_fd, server, cwd, umask)
+                p = procgroup.start(rank, cmd, env, store, watch, warm_start)
                 self.procs.append(p)
                 self._watch(rank, p)
         except BaseException:
@@ -92,22 +84,20 @@ class WorkerGroup:
         decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder("utf-8")("replace"), True)
         self._pipes[fd] = (rank, decoder, p.stdout)
         self._poll.register(fd, select.POLLIN)
-        try:
-            pidfd = os.pidfd_open(p.pid)  # wakes the poll the moment the rank exits
-        except (AttributeError, OSError):  # not Linux >= 5.3: exits are seen within a poll tick
-            return
-        self._pidfds[pidfd] = rank
-        self._poll.register(pidfd, select.POLLIN)
+        if isinstance(p, warm.WarmRank):
+            self._exit_fds[os.dup(p.sentinel)] = rank  # ours to close: the rank's closes when it is reaped
+        else:
+            try:
+                self._exit_fds[os.pidfd_open(p.pid)] = rank  # wakes the poll the moment the rank exits
+            except (AttributeError, OSError):  # not Linux >= 5.3: exits are seen within a poll tick
+                return
+        self._poll.register(next(reversed(self._exit_fds)), select.POLLIN)
 
     def pump(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for output or an exit; handle every line that came."""
         for fd, _ in self._poll.poll(max(0, int(timeout_s * 1000))):
-            if fd == self._server_fd:
-                self._server.pump()
-                if self._server.gone:  # its socket would read as ready from now on
-                    self._unwatch_server()
-            elif fd in self._pidfds:
-                self._unwatch_pidfd(fd)
+            if fd in self._exit_fds:
+                self._unwatch_exit(fd)
             elif fd in self._pipes:
                 rank, decoder, _ = self._pipes[fd]
                 data = os.read(fd, 65536)
@@ -135,8 +125,8 @@ class WorkerGroup:
             self._line(rank, self._partial[rank])
             self._partial[rank] = ""
 
-    def _unwatch_pidfd(self, fd: int) -> None:
-        self._pidfds.pop(fd)
+    def _unwatch_exit(self, fd: int) -> None:
+        self._exit_fds.pop(fd)
         self._poll.unregister(fd)
         os.close(fd)
 
@@ -209,26 +199,11 @@ class WorkerGroup:
             self.pump(min(0.05, end - time.monotonic()))
         for fd in list(self._pipes):
             self._close_pipe(fd)
-        for fd in list(self._pidfds):
-            self._unwatch_pidfd(fd)
-        if self._server is not None:
-            self._unwatch_server()
-            warmstart.release(self._server)
-            self._server = None
-
-    def _unwatch_server(self) -> None:
-        if self._server_fd is not None:
-            self._poll.unregister(self._server_fd)
-            self._server_fd = None
+        for fd in list(self._exit_fds):
+            self._unwatch_exit(fd)
 
 
-def _current_umask() -> int:
-    umask = os.umask(0o022)  # reading it means setting it: put it straight back
-    os.umask(umask)
-    return umask
-
-
-@atexit.register  # after procgroup's: atexit runs it first, so the keeper is released last
+@atexit.register
 def _stop_all_groups() -> None:
     for group in list(_LIVE_GROUPS):
         group.stop(grace=0.5)

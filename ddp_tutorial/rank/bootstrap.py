@@ -1,21 +1,20 @@
-"""Start one worker: tie its life to the launcher, then run the script as ``__main__``.
+"""Start one rank: tie its life to the launcher, then run the script as ``__main__``, on plain torch.
 
 ``launch`` runs ``python rank/bootstrap.py SCRIPT ARGS...`` (or ``-m MODULE ARGS...``)
-for each rank. On Linux the worker asks the kernel to SIGKILL it when the
-launcher dies, so even a killed notebook kernel leaves no orphan ranks.
-This file imports nothing heavy: the script pays for its own imports (a rank
-forked by ``forkserver/server.py`` starts with torch imported, and runs ``run_rank`` too). When the
-script ends, the worker runs its atexit handlers, flushes stdout and stderr, and
-exits at once (see ``main``): close your own files before the script ends.
+for each rank, or forks it warm (``launcher/warm.py``, then ``run_warm`` here). The rank
+holds the read end of a pipe that only the launching process can write to: when it reads
+end-of-file the launcher is gone, however it ended (a killed notebook kernel too), and the
+rank kills its process group, itself and what it started (``die_with_launcher``). That
+works on every POSIX system, where Linux's parent-death signal does not.
 
 Rank 0 also hosts the rendezvous store (DDP_TUTORIAL_STORE): on the listening
 socket ``launch`` bound on 127.0.0.1 and passed down (``fd:N``), or on
 MASTER_ADDR:MASTER_PORT, bound here (``bind``, for a fixed ``master_port``);
 the other ranks get ``join``. The store starts as soon as the script has
 imported torch, so a script that never imports it pays nothing; every rank's
-env:// joins it as a client (TORCHELASTIC_USE_AGENT_STORE=True), so no store
-listens on other interfaces. As that store outlives any one process group,
-each rendezvous of a worker gets keys of its own (``fresh_key_space_per_rendezvous``).
+env:// joins it as a client (TORCHELASTIC_USE_AGENT_STORE=True), as torchrun's ranks join
+their agent's store, so no store listens on other interfaces. Nothing of torch is changed:
+the script meets what it would meet under torchrun.
 
 Under ``launch`` a rank also leaves two notes in ``<run_dir>/.ranks/`` (``RankNotes``):
 when it failed, on a clock every process of the machine shares, so that ``launch``
@@ -26,48 +25,41 @@ that the deadline shows where every rank was waiting.
 
 import atexit
 import faulthandler
-import importlib.util
+import io
 import json
 import os
 import runpy
 import signal
 import sys
+import threading
 import time
 
+from ddp_tutorial import envvars
 
-def _load_envvars():
-    """``ddp_tutorial/envvars.py`` by its path, under a private name: importing the package
-    would import the launcher too (0.1 s more for every rank)."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "envvars.py")
-    spec = importlib.util.spec_from_file_location("_ddp_tutorial_envvars", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-envvars = _load_envvars()
 #: Keeps rank 0's store (and so its server) alive until the process exits.
 _STORE = []
 
 
 def die_with_launcher() -> None:
-    die_with_parent(int(os.environ.get(envvars.LAUNCHER_PID, "0")))
+    """Kill this rank's process group the moment the launcher is gone (its pipe reads end-of-file)."""
+    fd = os.environ.pop(envvars.LAUNCHER_FD, None)  # the script's children must not see it
+    if fd is None:
+        return
+    fd = int(fd)
+    os.set_inheritable(fd, False)  # a program the script runs does not keep the rank's watch
+    threading.Thread(target=_kill_group_at_eof, args=(fd,), name="ddp_tutorial-launcher-watch",
+                     daemon=True).start()
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Ask the kernel to SIGKILL this process when its parent dies; exit now if it already has.
-
-    Args:
-        parent_pid: the parent expected (the launcher, or for a warm rank the fork
-            server, which itself dies with the launcher); 0 checks nothing.
-    """
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    if parent_pid and os.getppid() != parent_pid:  # it died before prctl took effect
-        os._exit(1)
+def _kill_group_at_eof(fd: int) -> None:
+    try:
+        while os.read(fd, 1):  # the launcher never writes: this returns only at end-of-file
+            pass
+    except OSError:
+        pass
+    if os.getpgid(0) == os.getpid():  # it leads its group (launch starts it so): what it started goes too
+        os.killpg(0, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def store_socket(spec: str):
@@ -96,64 +88,6 @@ def store_socket(spec: str):
     fd = sock.detach()
     os.set_inheritable(fd, False)  # the store's, not for processes the script starts
     return fd, port
-
-
-def fresh_key_space_per_rendezvous() -> None:
-    """Give each env:// (or tcp://) rendezvous of this process keys of its own in the run's store.
-
-    The store lives as long as rank 0, not as long as one process group: a group
-    made again after ``destroy_process_group`` would otherwise read the old
-    group's addresses (gloo then waits for peers at closed ports). Every rank
-    makes its rendezvous in the same order, so the n-th of each rank share a prefix.
-    """
-    import importlib
-    import itertools
-
-    from torch.distributed import PrefixStore
-
-    rendezvous = importlib.import_module("torch.distributed.rendezvous")
-    create = getattr(rendezvous, "_create_c10d_store", None)
-    if create is None:  # a torch without it: its own behaviour stays
-        return
-    count = itertools.count()
-
-    def create_fresh(*args, **kwargs):
-        return PrefixStore(f"ddp_tutorial/rendezvous{next(count)}", create(*args, **kwargs))
-
-    rendezvous._create_c10d_store = create_fresh
-
-
-#: Process groups that ``destroy_process_group`` let go of: kept until the process exits.
-_LEFT_GROUPS = []
-
-
-def keep_groups_until_exit() -> None:
-    """Let ``destroy_process_group`` leave a group without destroying its C++ object in this process.
-
-    torch 2.13 destroys a gloo group (joining its worker threads) when the last reference
-    goes. After ``destroy_process_group`` that is often a DDP model, dropped with the GIL
-    held (a function returns), while a gloo worker thread still holds a finished collective
-    whose tensors need the GIL to be freed (``all_gather_object``'s, for one): both wait
-    for ever. Measured with the kit's ``schedule_demo.py`` once ``torch._dynamo`` was imported
-    before the script ran (a warm rank; a cold one that imports it first): in each of 3 tries
-    a launch within the first 6 hung, and none in 104 with this. Kept here, the
-    groups end with the process (``main`` exits without the interpreter's teardown).
-    Everything else of ``destroy_process_group`` (leaving the group, a later
-    ``init_process_group``) is unchanged.
-    """
-    import functools
-
-    from torch.distributed import distributed_c10d as c10d
-
-    destroy = c10d.destroy_process_group
-
-    @functools.wraps(destroy)
-    def destroy_process_group(group=None):
-        _LEFT_GROUPS.extend(list(c10d._world.pg_map) if group is None else [group])
-        return destroy(group)
-
-    c10d.destroy_process_group = destroy_process_group
-    sys.modules["torch.distributed"].destroy_process_group = destroy_process_group
 
 
 def host_store(fd: int, port: int) -> None:
@@ -215,8 +149,7 @@ class _AfterTorchImport:
 
 
 def prepare_store() -> None:
-    """Under ``launch``: rank 0 takes the store's socket now; once torch is in, it hosts the
-    store, and every rank's rendezvous gets keys of its own."""
+    """Under ``launch``: rank 0 takes the store's socket now, and hosts the store once torch is in."""
     spec = os.environ.pop(envvars.STORE, None)  # the script's children must not see it
     if not spec:
         return
@@ -228,16 +161,12 @@ def prepare_store() -> None:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             os._exit(1)
 
-    def when_torch_is_in():
-        if socket_and_port:
-            host_store(*socket_and_port)
-        fresh_key_space_per_rendezvous()
-        keep_groups_until_exit()
-
-    if "torch" in sys.modules:  # a rank forked by the fork server: torch is in already
-        when_torch_is_in()
+    if socket_and_port is None:
+        return
+    if "torch" in sys.modules:  # a warm rank: torch is in already
+        host_store(*socket_and_port)
     else:
-        sys.meta_path.insert(0, _AfterTorchImport(when_torch_is_in))
+        sys.meta_path.insert(0, _AfterTorchImport(lambda: host_store(*socket_and_port)))
 
 
 class RankNotes:
@@ -347,7 +276,7 @@ def main() -> None:
 
 
 def run_rank() -> None:
-    """What every rank does once it exists, started cold or forked by the fork server.
+    """What every rank does once it exists, started cold or forked warm.
 
     Hosts or joins the store, runs the script (``sys.argv[1:]``) as ``__main__``,
     reports its exception as Python would, and exits skipping the interpreter's cleanup.
@@ -440,5 +369,38 @@ def run_script(argv=None) -> None:
         runpy.run_path(script, run_name="__main__")
 
 
+def run_warm(argv, env, sockets) -> None:
+    """A warm rank (``launcher/warm.py``): forked by the forkserver with torch imported; made what a
+    cold rank is, then run as one.
+
+    Args:
+        argv: ``SCRIPT ARGS...`` or ``-m MODULE ARGS...``. env: the rank's whole environment.
+        sockets: this process's ends of its output ("out"), of the launcher's watch ("launcher"),
+            and rank 0's store socket ("store", else None).
+    """
+    os.setsid()  # a process group of its own, as a cold rank's start_new_session gives it
+    out = sockets["out"].detach()
+    for fd in (1, 2):
+        os.dup2(out, fd)
+    os.close(out)
+    for name, fd in (("stdout", 1), ("stderr", 2)):  # unbuffered, as `python -u`
+        setattr(sys, name, io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
+                                            errors="backslashreplace", write_through=True))
+    env = dict(env)
+    env[envvars.LAUNCHER_FD] = str(sockets["launcher"].detach())
+    if sockets["store"] is not None:
+        env[envvars.STORE] = f"fd:{sockets['store'].detach()}"
+    os.environ.clear()
+    os.environ.update(env)
+    import torch
+
+    if env.get("OMP_NUM_THREADS", "").isdigit():  # torch read the forkserver's environment when imported
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    sys.argv = [__file__, *argv]
+    main()
+
+
 if __name__ == "__main__":
     main()
+elif __name__ == "__ddp_tutorial_warm__":  # runpy.run_path in the forkserver's child
+    run_warm(*WARM_RANK)  # noqa: F821  (launcher/warm.py passes it in)

@@ -1,0 +1,121 @@
+"""Warm ranks (optional): forked by Python's own forkserver, which has imported torch once.
+
+A cold rank pays for ``import torch`` (about 1.3 CPU-s) and, once it builds a DDP model,
+``torch._dynamo`` (about 2 CPU-s more) at every launch. A warm rank is forked from
+``multiprocessing``'s forkserver after it imported both (``set_forkserver_preload``), so a
+launch costs little more than the script's own work. The forked child then makes itself
+what a cold rank is (``bootstrap.py``'s ``run_warm``): a session of its own, its output on
+a socket to ``launch``, the rank's environment, and the script run as ``__main__``.
+
+One switch decides (``use_warm``): ``launch(warm=...)``, else ``DDP_TUTORIAL_WARM`` ("1"/"0"),
+else warm on Linux and cold elsewhere. On macOS Python itself starts processes by spawn,
+since ``fork()`` after Apple's system frameworks have loaded can crash the child
+(docs/platforms.md). nccl launches start cold (CUDA must not be initialised before a fork).
+What differs from a cold rank: torch was imported before the script ran, so an
+environment variable the script sets before ``import torch`` comes too late for settings
+torch reads at import. ``warm=False`` gives the exact torchrun behaviour.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import runpy
+import socket
+import sys
+from typing import Dict, List, Optional
+
+from ddp_tutorial import envvars
+from ddp_tutorial.launcher.spec import BOOTSTRAP
+
+#: What the forkserver imports before it forks any rank. ``torch._dynamo`` is what DDP's
+#: constructor imports (``torch/nn/parallel/distributed.py``); the rest is what every rank imports.
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "ddp_tutorial.envvars"]
+
+_CONTEXT: List[multiprocessing.context.BaseContext] = []
+
+
+def use_warm(warm: Optional[bool], backend: str) -> Optional[str]:
+    """None if this launch's ranks start warm, else why they start cold."""
+    if backend == "nccl":
+        return "nccl launches start cold"
+    if warm is None:
+        setting = os.environ.get(envvars.WARM, "")
+        if setting in ("0", "1"):
+            warm = setting == "1"
+        elif not sys.platform.startswith("linux"):
+            return f"ranks start cold on {sys.platform} ({envvars.WARM}=1 forks them warm)"
+        else:
+            warm = True
+    return None if warm else f"warm launches are turned off (warm=False or {envvars.WARM}=0)"
+
+
+def context() -> multiprocessing.context.BaseContext:
+    """The forkserver context, its preload set (once per process)."""
+    if not _CONTEXT:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        _CONTEXT.append(ctx)
+    return _CONTEXT[0]
+
+
+def prestart() -> None:
+    """Start the forkserver now: it imports torch while the learner reads the first cells."""
+    context()
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+
+
+class WarmRank:
+    """A rank forked by the forkserver, with the parts of ``subprocess.Popen`` that ``launch`` uses.
+
+    ``stdout`` is the launcher's end of a socket pair; the rank writes its stdout and stderr
+    to the other end. ``sentinel`` becomes readable when the rank exits.
+    """
+
+    def __init__(self, argv: List[str], env: Dict[str, str], store: Optional[socket.socket],
+                 launcher_end: socket.socket):
+        self.stdout, rank_end = socket.socketpair()
+        # Sockets travel to the forkserver's child as descriptors (multiprocessing.reduction).
+        sockets = {"out": rank_end, "launcher": launcher_end, "store": store}
+        self._process = context().Process(
+            target=runpy.run_path, args=(BOOTSTRAP,),
+            kwargs={"run_name": "__ddp_tutorial_warm__", "init_globals": {"WARM_RANK": (argv, env, sockets)}})
+        try:
+            self._process.start()
+        finally:
+            rank_end.close()
+        self.pid = self._process.pid
+        self.sentinel = self._process.sentinel
+        self.returncode: Optional[int] = None
+
+    def exited(self) -> bool:
+        """Whether it exited, its exit code left unread (``returncode`` stays None, and so
+        ``procgroup`` may still signal its group: the rank's pid cannot lead another's yet)."""
+        return self.returncode is not None or bool(multiprocessing.connection.wait([self.sentinel], 0))
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            self.returncode = self._process._popen.poll()
+            if self.returncode is not None:
+                self._process.close()
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        self._process.join(timeout)
+        return self.poll()
+
+
+def ready(timeout: float) -> bool:
+    """Wait (up to ``timeout`` s) until the forkserver has imported ``PRELOAD``: it forks nothing before."""
+    probe = context().Process(target=int)
+    probe.start()
+    probe.join(timeout)
+    done = probe.exitcode == 0
+    if probe.exitcode is None:
+        probe.kill()
+        probe.join()
+    probe.close()
+    return done
