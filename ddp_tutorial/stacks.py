@@ -22,9 +22,12 @@ _FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func
 ASYNC_WAIT = "Work.wait (an async collective's handle)"
 _WAIT_CALL = re.compile(r"(?<!\bos)\.wait\(")  # not os.wait(): that waits for a child process
 #: Frames of the machinery that starts a rank, left out of what a learner reads.
-_MACHINERY = ("/rank/bootstrap.py", "/forkserver/server.py", "/runpy.py", "<frozen runpy>")
-#: The files whose frames start a rank (cold, or forked by the fork server): outermost in the thread that runs the script.
-_RANK_START = _MACHINERY[:2]
+_MACHINERY = ("/rank/bootstrap.py", "/runpy.py", "<frozen runpy>")
+
+
+def _starts_the_rank(frame: Tuple[str, str, str]) -> bool:
+    """Whether ``frame`` is the bootstrap's ``run_rank``: below it (cold or warm) only machinery runs."""
+    return frame[0].endswith("/rank/bootstrap.py") and frame[2] == "run_rank"
 
 
 def _threads(text: str) -> List[Tuple[str, List[Tuple[str, str, str]]]]:
@@ -40,11 +43,12 @@ def _threads(text: str) -> List[Tuple[str, List[Tuple[str, str, str]]]]:
 
 
 def _main_thread(text: str) -> List[Tuple[str, str, str]]:
-    """The frames of the thread that runs the script: the one whose outermost frame starts the rank."""
+    """The frames of the thread that runs the script, from the script on: the thread that holds ``run_rank``."""
     threads = _threads(text)
     for _, frames in threads:
-        if frames and frames[-1][0].endswith(_RANK_START):
-            return frames
+        starts = [i for i, f in enumerate(frames) if _starts_the_rank(f)]
+        if starts:
+            return frames[:starts[0]]
     current = [frames for header, frames in threads if header.lower().startswith("current")]
     return current[0] if current else (threads[0][1] if threads else [])
 
@@ -52,7 +56,7 @@ def _main_thread(text: str) -> List[Tuple[str, str, str]]:
 def wrote_script_stack(text: str) -> bool:
     """Whether a dump (perhaps still being written) holds the script's whole stack: the thread that
     runs the script has reached the frames that start the rank, which come after the script's."""
-    return any(file.endswith(_RANK_START) for _, frames in _threads(text) for file, _, _ in frames)
+    return any(_starts_the_rank(f) for _, frames in _threads(text) for f in frames)
 
 
 def script_stack(text: str) -> str:

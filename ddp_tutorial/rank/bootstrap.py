@@ -25,6 +25,7 @@ that the deadline shows where every rank was waiting.
 
 import atexit
 import faulthandler
+import functools
 import io
 import json
 import os
@@ -41,23 +42,37 @@ _STORE = []
 
 
 def die_with_launcher() -> None:
-    """Kill this rank's process group the moment the launcher is gone (its pipe reads end-of-file)."""
+    """Kill this rank's process group the moment the process that started it is gone.
+
+    Under ``launch``: when the launcher's watch socket reads end-of-file. Started by another
+    launcher (torchrun, which starts each rank in a session of its own): when the parent changes.
+    """
     fd = os.environ.pop(envvars.LAUNCHER_FD, None)  # the script's children must not see it
-    if fd is None:
-        return
-    fd = int(fd)
-    os.set_inheritable(fd, False)  # a program the script runs does not keep the rank's watch
-    threading.Thread(target=_kill_group_at_eof, args=(fd,), name="ddp_tutorial-launcher-watch",
+    if fd is not None:
+        os.set_inheritable(int(fd), False)  # a program the script runs does not keep the rank's watch
+        watch = functools.partial(_read_until_eof, int(fd))
+    else:
+        watch = functools.partial(_wait_for_new_parent, os.getppid())
+    threading.Thread(target=_kill_group_after, args=(watch,), name="ddp_tutorial-launcher-watch",
                      daemon=True).start()
 
 
-def _kill_group_at_eof(fd: int) -> None:
+def _read_until_eof(fd: int) -> None:
     try:
         while os.read(fd, 1):  # the launcher never writes: this returns only at end-of-file
             pass
     except OSError:
         pass
-    if os.getpgid(0) == os.getpid():  # it leads its group (launch starts it so): what it started goes too
+
+
+def _wait_for_new_parent(parent: int) -> None:
+    while os.getppid() == parent:  # no event announces a parent's death on every OS: look twice a second
+        time.sleep(0.5)
+
+
+def _kill_group_after(watch) -> None:
+    watch()
+    if os.getpgid(0) == os.getpid():  # it leads its group (launch and torchrun start it so): what it started goes too
         os.killpg(0, signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
 

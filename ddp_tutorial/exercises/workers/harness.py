@@ -35,10 +35,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ddp_tutorial import envvars
 from ddp_tutorial.exercises.workers import reference
 from ddp_tutorial.exercises.workers.observers import Observations, Observers, optimizer_parameters
-from ddp_tutorial.launcher import keeper
 from ddp_tutorial.rank import bootstrap
 from ddp_tutorial.runfolder import report
 
@@ -46,17 +44,6 @@ from ddp_tutorial.runfolder import report
 NEEDS_REFERENCE = ("no_sync", "capstone")
 # This module runs the script for the rank: the script's traceback starts below its frames.
 globals()[bootstrap.RUNS_THE_SCRIPT] = True
-
-
-def keep_own_group_under_torchrun() -> None:
-    """Under torchrun: a group keeper kills this rank's process group once the rank is gone.
-
-    torchrun starts each rank in a session of its own, out of reach of the kernel's
-    keeper (which has torchrun's group): a killed kernel takes torchrun and, by the
-    bootstrap's parent-death signal, the ranks, but not what a rank started.
-    """
-    if "RANK" in os.environ and envvars.LAUNCHER_PID not in os.environ:  # not launch's rank, not plain
-        keeper.keep_own_group_after_exit()
 
 
 #: The harness's own files: their frames (an observer between the script and torch) are not the learner's.
@@ -117,7 +104,6 @@ def checkpoint_records(seen: Observations):
 def run(exercise: str, script: str) -> Optional[BaseException]:
     """Run ``script`` under the observers and report; returns what it raised (None: it ended with status 0)."""
     torch.set_num_threads(1)  # ranks share a small machine
-    keep_own_group_under_torchrun()
     launcher = {"port": os.environ.get("MASTER_PORT"), "rank": int(os.environ.get("RANK", 0)),
                 "world_size": int(os.environ.get("WORLD_SIZE", 1))}
     report({"event": "start", "exercise": exercise, "pid": os.getpid(),
