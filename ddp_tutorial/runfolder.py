@@ -332,8 +332,9 @@ def check_folder(path: Path, name: str, empty: bool = True) -> None:
                              f"on {str(existing)!r}")
 
 
-def note_start(path: Path, attempt: int, mode: str, cold_reason: Optional[str]) -> None:
-    """Add how attempt ``attempt`` started ("warm" or "cold", and why cold) to the claim file.
+def note_start(path: Path, attempt: int, mode: str, cold_reason: Optional[str], pids: List[int]) -> None:
+    """Add how attempt ``attempt`` started ("warm" or "cold", and why cold) and its ranks' pids
+    (each leads its process group) to the claim file.
 
     Written to a temporary file and renamed over the claim, so the claim never disappears.
     """
@@ -342,6 +343,7 @@ def note_start(path: Path, attempt: int, mode: str, cold_reason: Optional[str]) 
     info["start_mode"] = mode
     info["cold_reason"] = cold_reason
     info.setdefault("start_modes", {})[str(attempt)] = mode
+    info.setdefault("pids", {})[str(attempt)] = list(pids)
     tmp = claim_path.with_name(f"{CLAIM_FILE}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(info))
     os.replace(tmp, claim_path)

@@ -1,6 +1,7 @@
 """Shared fixtures: every test's runs go to a temporary folder, and orphan checks."""
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -26,13 +27,26 @@ def runs_root(tmp_path, monkeypatch):
     return root
 
 
-def processes_of_run(run_dir) -> list:
-    """Pids of live processes started for ``run_dir`` (found by their environment).
+def processes_of_run(run_dir, prefix: bool = False) -> list:
+    """Pids of live processes started for ``run_dir`` (or, with ``prefix``, any run folder under it).
 
-    Independent of the launcher's own bookkeeping: it looks at every process, child
-    or grandchild, for a DDP_TUTORIAL_RUN_DIR that is this run's.
+    Two ways, neither the launcher's own supervision: every process whose environment
+    started with a DDP_TUTORIAL_RUN_DIR that is this run's (a cold rank, torchrun and its
+    ranks, what they started), and every member of the process groups of the ranks the run
+    folder lists (a warm rank, forked with the forkserver's environment, and what it started).
     """
-    return procinfo.pids_with_env("DDP_TUTORIAL_RUN_DIR", str(Path(run_dir).resolve()))
+    folder = Path(run_dir).resolve()
+    found = set(procinfo.pids_with_env("DDP_TUTORIAL_RUN_DIR", str(folder), prefix=prefix))
+    claims = folder.rglob(".launch.json") if prefix else [folder / ".launch.json"]
+    for claim in claims:
+        try:
+            pids = json.loads(claim.read_text()).get("pids", {})
+        except (OSError, ValueError):
+            continue
+        for leader in (pid for attempt in pids.values() for pid in attempt):
+            found.update(p for p in [leader, *procinfo.group_members(leader)]
+                         if procinfo.alive(p) and procinfo.group(p) == leader)
+    return sorted(found)
 
 
 pid_alive = procinfo.alive  # the name the tests import
@@ -85,7 +99,7 @@ def pytest_collection_modifyitems(config, items):
 
 def _leftovers(base: Path) -> list:
     """Live processes whose run folder (DDP_TUTORIAL_RUN_DIR) lies under ``base``: ranks, or what they started."""
-    return procinfo.pids_with_env("DDP_TUTORIAL_RUN_DIR", str(base.resolve()), prefix=True)
+    return processes_of_run(base, prefix=True)
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -97,7 +111,7 @@ def pytest_sessionfinish(session, exitstatus):
         # after every worker has finished (a worker's exit status would not fail the run).
         return
     factory = getattr(session.config, "_tmp_path_factory", None)
-    if factory is None or not procinfo.has_proc():
+    if factory is None:
         return
     base = factory.getbasetemp()
     # A SIGKILL takes effect when the process next runs, and a launcher's keeper may be about to

@@ -15,8 +15,7 @@ import pytest
 
 from ddp_tutorial import envvars, exercises
 from ddp_tutorial.exercises import judge, runs
-from ddp_tutorial.launcher import procinfo
-from conftest import pid_alive
+from conftest import pid_alive, processes_of_run
 
 MISTAKES = Path(__file__).resolve().parent / "exercise_mistakes"
 #: Right answers shaped otherwise than the solutions: each must pass.
@@ -51,8 +50,8 @@ def passed_names(result):
 
 
 def processes_under(folder: Path):
-    """Live processes whose DDP_TUTORIAL_RUN_DIR lies under ``folder``: ranks (and torchrun) of a check."""
-    return procinfo.pids_with_env("DDP_TUTORIAL_RUN_DIR", str(folder.resolve()), prefix=True)
+    """Live processes of any run under ``folder``: ranks (and torchrun) of a check."""
+    return processes_of_run(folder, prefix=True)
 
 
 def run_records(tmp_path: Path, name: str, mode: str = "run"):

@@ -14,7 +14,7 @@ import pytest
 
 import ddp_tutorial
 from ddp_tutorial import LaunchConfigError, LaunchError, LaunchTimeout, WorkerError, launch, launcher
-from ddp_tutorial.launcher import fork_server_ready, procinfo
+from ddp_tutorial.launcher import warm_ready, procinfo
 from conftest import only_checks, pid_alive, processes_of_run
 
 HERE = Path(__file__).parent
@@ -92,7 +92,7 @@ def test_hung_rank_becomes_launch_timeout_naming_ranks_and_steps():
     args = TINY + ["--fail-at-step", "3", "--fail-rank", "1", "--fail-mode", "hang"]
     # torch imported by the fork server first: the deadline needs only to cover two tiny steps
     # on a busy machine (about 1 s quiet), not the import.
-    assert fork_server_ready()
+    assert warm_ready()
     t0 = time.monotonic()
     with pytest.raises(LaunchTimeout) as info:
         launch(ddp_tutorial.TRAIN_SCRIPT, 2, args, timeout=8)
@@ -107,7 +107,7 @@ def test_hung_rank_becomes_launch_timeout_naming_ranks_and_steps():
 
 
 def test_skipped_all_reduce_hangs_until_the_deadline():
-    assert fork_server_ready()  # warm ranks: the deadline covers the hang, not torch's import
+    assert warm_ready()  # warm ranks: the deadline covers the hang, not torch's import
     with pytest.raises(LaunchTimeout) as info:
         launch(str(SCRIPTS / "skip_allreduce.py"), 2, timeout=6)
     err = info.value

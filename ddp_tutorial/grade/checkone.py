@@ -24,7 +24,7 @@ def main(argv) -> int:
         os.environ[envvars.FORK_SERVER_DYNAMO] = "0"
     # torch is imported once, by the fork server, before the first run's deadline starts: on a busy
     # machine the import alone can take most of a short deadline.
-    launcher.fork_server_ready()
+    launcher.warm_ready()
     result = exercises.check(exercise, path, timeout=timeout)
     json.dump({"passed": result.passed, "criteria": [list(c) for c in result.criteria],
                "message": result.message, "seconds": result.seconds}, result_pipe)

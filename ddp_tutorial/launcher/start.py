@@ -117,7 +117,7 @@ def start_attempt(spec: LaunchSpec, number: int, cold_reason: Optional[str]) -> 
         if sock is not None:
             sock.close()  # rank 0 holds it now: the port is free again once rank 0 exits
     mode = "warm" if cold_reason is None else "cold"
-    runfolder.note_start(spec.run_dir, number, mode, cold_reason)
+    runfolder.note_start(spec.run_dir, number, mode, cold_reason, group.pids)
     return Attempt(number, group, port, mode, cold_reason)
 
 

@@ -17,7 +17,7 @@ import statistics
 import time
 from typing import Dict, List
 
-from ddp_tutorial.launcher import LaunchTimeout, fork_server_ready, launch, worker_script
+from ddp_tutorial.launcher import LaunchTimeout, warm_ready, launch, worker_script
 from ddp_tutorial.lessons import script_source
 from ddp_tutorial.runfolder import Run
 
@@ -224,7 +224,7 @@ def unused_parameter_hang(timeout: float = 5.0) -> dict:
     """
     # The deadline counts from the launch: with torch imported by the fork server first, it
     # measures the hang, not an import that a busy machine or a slow torch stretches.
-    fork_server_ready()
+    warm_ready()
     t0 = time.monotonic()
     try:
         launch(SCRIPT, 2, ["--parts", "hang"], timeout=timeout, echo="none")
