@@ -2,8 +2,8 @@
 
 Their environment is a rank's less launch's contract (``launcher.start.worker_env``), a
 finished run leaves nothing of its process group, and a kernel killed while they run
-takes them with it, grandchildren included (the group keeper and the bootstrap's
-parent-death signal).
+takes them with it, grandchildren included (``guard.py`` and the bootstrap's
+parent watch).
 """
 
 import os
@@ -49,13 +49,13 @@ def _children(folder: Path) -> list:
 
 def test_a_worker_environment_carries_no_outer_launchers_variables(tmp_path, monkeypatch):
     outer = {"RANK": "3", "MASTER_PORT": "1", "TORCHELASTIC_ERROR_FILE": str(tmp_path / "error.json"),
-             envvars.STORE: "join", envvars.LAUNCHER_PID: "1"}
+             envvars.STORE: "join", envvars.LAUNCHER_FD: "1"}
     for name, value in outer.items():
         monkeypatch.setenv(name, value)
     spec = LaunchSpec(target=("x.py",), world_size=2, run_dir=tmp_path, backend="gloo")
     env = rank_env(spec, 1, 1234, 0, "join")
     # The rank's own values replace an outer launch's; what launch does not set is dropped.
-    assert (env["RANK"], env["MASTER_PORT"], env[envvars.LAUNCHER_PID]) == ("1", "1234", str(os.getpid()))
+    assert (env["RANK"], env["MASTER_PORT"]) == ("1", "1234") and envvars.LAUNCHER_FD not in env
     assert "TORCHELASTIC_ERROR_FILE" not in env
     assert not set(outer) & set(worker_env())  # a plain process or torchrun: none of them
 

@@ -29,7 +29,8 @@ import ddp_tutorial
 from ddp_tutorial import (TRAIN_SCRIPT, LaunchConfigError, LaunchError, LaunchTimeout, WorkerError,
                           config, launch, launcher, runfolder)
 from ddp_tutorial.rank.checkpoint import CheckpointError, save_checkpoint, temp_files
-from ddp_tutorial.launcher import procinfo, warmstart
+from ddp_tutorial.launcher import procinfo, warm
+from ddp_tutorial.launcher.start import launcher_watch
 from ddp_tutorial.runfolder import MetricsWriter, Run, counted
 from conftest import only_checks, processes_of_run
 from test_launcher import wait_for
@@ -46,16 +47,11 @@ TINY = ["--dataset-size", "64", "--batch-size", "4", "--epochs", "1"]
 
 def child_processes() -> list:
     """Pids of live (not zombie) processes started by this test process: its children, and
-    the children of its fork server (warm ranks); the idle fork server and the group keeper
-    (``launcher.keeper_pid``) are not counted."""
-    server, keeper = warmstart.server_pid(), launcher.keeper_pid()
-    parents = {os.getpid(), server} - {None}
-    found = []
-    for pid in procinfo.pids():
-        stat = procinfo.stat(pid) if pid not in (server, keeper) else None
-        if stat is not None and stat.ppid in parents and stat.state != "Z":
-            found.append(pid)
-    return found
+    the children of its forkserver (warm ranks); multiprocessing's own helpers are not counted."""
+    helpers = warm.helper_pids()
+    parents = {os.getpid()} | helpers
+    return [pid for pid in procinfo.pids()
+            if pid not in helpers and procinfo.parent(pid) in parents and procinfo.alive(pid)]
 
 
 # -- 1. Nothing listens beyond loopback --------------------------------------------
@@ -455,28 +451,35 @@ def test_many_launches_with_kept_failures_leave_fds_and_threads_flat(runs_root):
     assert not child_processes()
 
 
-def test_signals_go_only_to_unreaped_ranks_of_this_launch(monkeypatch):
+@pytest.mark.parametrize("warm_start", [False, True], ids=["cold", "warm"])
+def test_signals_go_only_to_ranks_of_this_launch(monkeypatch, warm_start):
+    """Cold ranks are our children, signalled only before we reap them (their pid is still theirs).
+    Warm ranks are the forkserver's children, which it reaps at once: a group is signalled only
+    for a rank of this launch (the sweep at its exit may find the group already empty)."""
     sent = []
     real_killpg = os.killpg
 
     def checked_killpg(pgid, sig):
-        sent.append((pgid, sig, procinfo.parent(pgid)))  # None if reaped already: the check below fails
+        sent.append((pgid, sig, procinfo.parent(pgid)))  # None if reaped already
         real_killpg(pgid, sig)
 
     monkeypatch.setattr(launcher.procgroup.os, "killpg", checked_killpg)
     with pytest.raises(WorkerError) as info:
-        launch(FAIL_FAST, 3, echo="none", timeout=60)
-    run = launch(PRINT_LINES, 2, echo="none", timeout=60)
+        launch(FAIL_FAST, 3, echo="none", timeout=60, warm=warm_start)
+    run = launch(PRINT_LINES, 2, echo="none", timeout=60, warm=warm_start)
     assert sent, "no group was signalled"
-    assert info.value.run.start_mode == run.start_mode == "warm"
-    server = warmstart.server_pid()
-    assert server and procinfo.parent(server) == os.getpid()  # the fork server is our child
+    assert info.value.run.start_mode == run.start_mode == ("warm" if warm_start else "cold")
     for pgid, _, ppid in sent:
-        # ...and ours: a rank of this launch (our child, or our fork server's), whose pid is its group id
-        assert ppid in (os.getpid(), server)
-        assert pgid in info.value.run.pids + run.pids
+        assert pgid in info.value.run.pids + run.pids  # a rank of these launches, whose pid is its group id
+        if not warm_start:
+            assert ppid == os.getpid()  # ...and not yet reaped: the pid is still the rank's
+    if warm_start:
+        servers = warm.helper_pids()
+        assert servers and all(procinfo.parent(s) == os.getpid() for s in servers)  # the forkserver is our child
+        return
     count = len(sent)
-    group = launcher.workergroup.WorkerGroup([sys.executable, "-c", "pass"], [dict(os.environ)], "none")
+    group = launcher.workergroup.WorkerGroup([sys.executable, "-c", "pass"], [dict(os.environ)], "none", None,
+                                             launcher_watch())
     assert group.wait(time.monotonic() + 30)
     group.stop()  # every rank reaped: nothing left to signal
     group.close()
@@ -486,7 +489,7 @@ def test_signals_go_only_to_unreaped_ranks_of_this_launch(monkeypatch):
 def test_waits_end_at_their_deadlines_even_for_a_rank_that_never_dies(monkeypatch):
     """A rank the kernel cannot reap (stuck in uninterruptible I/O), played by hiding its exit."""
     group = launcher.workergroup.WorkerGroup([sys.executable, "-c", "import time; time.sleep(60)"],
-                                             [dict(os.environ)], "none")
+                                             [dict(os.environ)], "none", None, launcher_watch())
     try:
         monkeypatch.setattr(launcher.procgroup, "has_exited", lambda p: False)
         monkeypatch.setattr(launcher.procgroup, "KILL_WAIT_S", 0.5)

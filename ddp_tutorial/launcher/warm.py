@@ -119,3 +119,12 @@ def ready(timeout: float) -> bool:
         probe.join()
     probe.close()
     return done
+
+
+def helper_pids() -> set:
+    """The pids of the processes multiprocessing keeps for warm launches: its forkserver and
+    resource tracker (children of this process that are not ranks)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    return {pid for pid in (getattr(forkserver._forkserver, "_forkserver_pid", None),
+                            getattr(resource_tracker._resource_tracker, "_pid", None)) if pid}
