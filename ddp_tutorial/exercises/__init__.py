@@ -48,10 +48,6 @@ DEFAULT_FOLDER = "my_work"
 DEFAULT_TIMEOUT_S = 90.0
 #: Ranks every check starts (torchrun's too, in the capstone).
 WORLD_SIZE = 2
-#: Exercises whose right answer builds no DDP model (join, all-reduce, leave): the grader starts their
-#: fork server without ``torch._dynamo`` (``envvars.FORK_SERVER_DYNAMO``). A file that builds one anyway
-#: still runs; its ranks import it, as cold ones do.
-WITHOUT_DDP = ("init",)
 
 HINTS = {
     "init": (

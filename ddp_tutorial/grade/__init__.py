@@ -328,8 +328,7 @@ def torch_address_space() -> int:
     fresh process of this Python, rounded up to 256 MiB: about 0.7 GiB for the CPU wheel, 3.5 to 5 GiB
     for a CUDA build (its libraries are mapped whole, used or not). A fixed RLIMIT_AS would let a
     check on the CPU wheel use more than one on a CUDA build, or stop a CUDA build's ``import torch``."""
-    code = ("import os, torch, torch._dynamo, torch.distributed\nfrom ddp_tutorial.launcher import procinfo\n"
-            "print(procinfo.memory_kb(os.getpid())['address_space_peak'] * 1024)")
+    code = "import psutil, torch, torch._dynamo, torch.distributed\nprint(psutil.Process().memory_info().vms)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(KIT_ROOT)})
     if done.returncode != 0:

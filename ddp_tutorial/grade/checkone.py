@@ -18,11 +18,9 @@ def main(argv) -> int:
     exercise, path, timeout, fd = argv[0], argv[1], float(argv[2]), int(argv[3])
     fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
     result_pipe = os.fdopen(fd, "w", encoding="utf-8")
-    from ddp_tutorial import envvars, exercises, launcher
+    from ddp_tutorial import exercises, launcher
 
-    if exercise in exercises.WITHOUT_DDP:  # the server's torch._dynamo: about 2 s of CPU no rank would use
-        os.environ[envvars.FORK_SERVER_DYNAMO] = "0"
-    # torch is imported once, by the fork server, before the first run's deadline starts: on a busy
+    # torch is imported once, by the forkserver, before the first run's deadline starts: on a busy
     # machine the import alone can take most of a short deadline.
     launcher.warm_ready()
     result = exercises.check(exercise, path, timeout=timeout)

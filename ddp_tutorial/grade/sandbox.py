@@ -34,7 +34,6 @@ import struct
 import sys
 from typing import List, Sequence
 
-from ddp_tutorial.launcher import procinfo
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -56,10 +55,17 @@ def _mount(source, target: str, fstype, flags: int, data=None) -> None:
         raise OSError(err, f"mount {target}: {os.strerror(err)}")
 
 
+def _fd_path(fd: int) -> str:
+    """This process's descriptor ``fd`` as a path (Linux's /proc: the sandbox is Linux-only by purpose)."""
+    return f"/proc/self/fd/{fd}"
+
+
 def _mount_points() -> List[tuple]:
-    """(mount point, its per-mount flags) of every mount this namespace has (procinfo.mountinfo)."""
+    """(mount point, its per-mount flags) of every mount this namespace has (Linux's mountinfo)."""
     points = []
-    for fields in procinfo.mountinfo():
+    with open("/proc/self/mountinfo") as f:
+        table = [line.split() for line in f]
+    for fields in table:
         point = fields[4].encode().decode("unicode_escape")  # "\040" is a space
         options = fields[5].split(",")
         flags = ((MS_NOSUID if "nosuid" in options else 0) | (MS_NODEV if "nodev" in options else 0)
@@ -102,12 +108,12 @@ def cover(folder: str, keep: Sequence[str], options: str, read_only: bool) -> No
     fds = [os.open(p, os.O_PATH | os.O_CLOEXEC) for p in inside]
     _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, options)
     for path, fd in zip(inside, fds):
-        if os.path.isdir(procinfo.path("self", f"fd/{fd}")):
+        if os.path.isdir(_fd_path(fd)):
             os.makedirs(path, exist_ok=True)
         else:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             open(path, "a").close()
-        _mount(procinfo.path("self", f"fd/{fd}"), path, None, MS_BIND | MS_REC)
+        _mount(_fd_path(fd), path, None, MS_BIND | MS_REC)
         _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
         os.close(fd)
     if read_only:

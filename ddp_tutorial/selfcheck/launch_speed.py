@@ -13,7 +13,7 @@ import tempfile
 import time
 from typing import Dict, List
 
-from ddp_tutorial.launcher import launch, procinfo, warmstart, worker_script
+from ddp_tutorial.launcher import launch, procinfo, worker_script
 from ddp_tutorial.perf.costmodel import median
 
 
@@ -44,14 +44,14 @@ def launch_phases(run, t0: float, t1: float) -> Dict[str, float]:
 
 
 def server_memory(pid: int) -> Dict[str, float]:
-    """The fork server's resident memory (MB), its share of it (PSS, MB) and its thread count."""
+    """The forkserver's resident memory (MB), its share of it (PSS, MB) and its thread count."""
     kb = procinfo.memory_kb(pid) or {}
     mb = {k: float("nan") if kb.get(k) is None else kb[k] / 1024 for k in ("rss", "pss")}
     return {"rss_mb": mb["rss"], "pss_mb": mb["pss"], "threads": procinfo.threads(pid) or 0}
 
 
 def warm_launch_speed(world_size: int = 4, repeats: int = 5, timeout: float = 120.0) -> Dict:
-    """Warm ``launch`` of hello.py: the first (which starts the fork server if none runs) and the
+    """Warm ``launch`` of hello.py: the first (which starts the forkserver if none runs) and the
     median of ``repeats`` after it; then the idle server's memory and thread count."""
     hello = worker_script(__file__, "hello.py")
     t0 = time.perf_counter()
@@ -64,7 +64,9 @@ def warm_launch_speed(world_size: int = 4, repeats: int = 5, timeout: float = 12
         run = launch(hello, world_size, timeout=timeout, echo="none", warm=True)
         times.append(time.perf_counter() - t0)
         modes.add(run.start_mode)
-    pid = warmstart.server_pid()
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
     return {"warm_first_s": first_s, "warm_s": median(times), "warm_times": times,
             "warm_modes": sorted(modes), "cold_reason": run.cold_reason,
             "server": server_memory(pid) if pid else {"rss_mb": float("nan"), "pss_mb": float("nan"),
@@ -81,7 +83,7 @@ def launch_speed(repeats: int = 3, world_size: int = 4, timeout: float = 120.0, 
     Returns:
         ``launch_s`` (cold), ``torchrun_s``, ``ratio`` (cold / torchrun, target <= 0.75),
         ``warm_s``, ``warm_first_s``, ``warm_ratio`` (warm / torchrun, target <= 0.2),
-        ``warm_modes``, ``server`` (the idle fork server's ``rss_mb``, ``pss_mb``, ``threads``), ``fixed_s`` and
+        ``warm_modes``, ``server`` (the idle forkserver's ``rss_mb``, ``pss_mb``, ``threads``), ``fixed_s`` and
         ``fixed_ratio`` (the probe with the store wait), ``phases`` and ``fixed_phases``
         (``launch_phases`` medians), the ranks' median ``init_s`` under launch,
         ``import_torch_s`` and ``floor_s`` (world_size imports shared by the cores).
