@@ -1,8 +1,7 @@
 """Warm ranks (optional): forked by Python's own forkserver, which has imported torch once.
 
-A cold rank pays for ``import torch`` (about 1.3 CPU-s) and, once it builds a DDP model,
-``torch._dynamo`` (about 2 CPU-s more) at every launch. A warm rank is forked from
-``multiprocessing``'s forkserver after it imported both (``set_forkserver_preload``), so a
+A cold rank pays for ``import torch`` (about 1.3 CPU-s) at every launch. A warm rank is forked
+from ``multiprocessing``'s forkserver after it imported torch (``set_forkserver_preload``), so a
 launch costs little more than the script's own work. The forked child then makes itself
 what a cold rank is (``bootstrap.py``'s ``run_warm``): a session of its own, its output on
 a socket to ``launch``, the rank's environment, and the script run as ``__main__``.
@@ -29,9 +28,12 @@ from typing import Dict, List, Optional
 from ddp_tutorial import envvars
 from ddp_tutorial.launcher.spec import BOOTSTRAP
 
-#: What the forkserver imports before it forks any rank. ``torch._dynamo`` is what DDP's
-#: constructor imports (``torch/nn/parallel/distributed.py``); the rest is what every rank imports.
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "ddp_tutorial.envvars"]
+#: What the forkserver imports before it forks any rank. Not ``torch._dynamo`` (about 2 CPU-s,
+#: which DDP's constructor imports): with it imported before ``init_process_group`` (which then
+#: clears dynamo's caches, torch/distributed/distributed_c10d.py), a DDP model freed after
+#: ``destroy_process_group`` deadlocks in about 3 of 10 runs on torch 2.13, where a cold rank does
+#: not. A warm rank must meet what a cold one meets.
+PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "ddp_tutorial.envvars"]
 
 _CONTEXT: List[multiprocessing.context.BaseContext] = []
 
