@@ -23,7 +23,6 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 #: Folders whose files run on the ranks (or are scripts the ranks run), relative to the package.
 RANK_FOLDERS = ("rank", "launcher/forkserver", "exercises/skeletons", "exercises/solutions")
 #: Notebooks known to import rank code, with the reason; each must still do so (strict xfail).
-KNOWN_RANK_IMPORTS: dict = {}  # notebook -> why it may import rank code (none may)
 
 
 def module_name(path: Path) -> str:
@@ -63,8 +62,8 @@ def imported_names(tree: ast.AST):
 def test_the_rule_sees_both_sides():
     kernel = {module_name(p) for p in kernel_modules()}
     assert {"ddp_tutorial.config", "ddp_tutorial.lessons", "ddp_tutorial.exercises.judge"} <= kernel
-    assert {"ddp_tutorial.launcher.warmstart", "ddp_tutorial.launcher.procgroup"} <= kernel
-    assert not kernel & {"ddp_tutorial.train", "ddp_tutorial.rank.original", "ddp_tutorial.launcher.forkserver.server",
+    assert {"ddp_tutorial.launcher.warm", "ddp_tutorial.launcher.procgroup"} <= kernel
+    assert not kernel & {"ddp_tutorial.train", "ddp_tutorial.rank.original", "ddp_tutorial.rank.bootstrap",
                          "ddp_tutorial.exercises.workers.task", "ddp_tutorial.exercises.skeletons.wrap"}
     assert is_rank_module("ddp_tutorial.lessons.sampler_accumulation.workers.sampler_demo")
     assert not is_rank_module("ddp_tutorial.runfolder") and not is_rank_module("ddp_tutorial.ranking")
@@ -101,18 +100,7 @@ def test_importing_the_kernel_imports_neither_torch_nor_rank_code():
         assert {name: got for name, got in culprits.items() if got} == {}
 
 
-def _notebook_params():
-    for path in NOTEBOOKS:
-        reason = KNOWN_RANK_IMPORTS.get(path.name)
-        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-        yield pytest.param(path, id=path.name, marks=marks)
-
-
-def test_every_known_exception_is_a_notebook():
-    assert set(KNOWN_RANK_IMPORTS) <= {p.name for p in NOTEBOOKS}
-
-
-@pytest.mark.parametrize("path", list(_notebook_params()))
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_imports_no_rank_code(path):
     found = []
     for cell in nbformat.read(path, as_version=4).cells:

@@ -31,7 +31,7 @@ def run_attempts(spec: LaunchSpec, t0: float) -> Run:
         t0: ``time.monotonic()`` when ``launch`` was called; the deadline is ``t0 + spec.timeout``.
     """
     deadline = t0 + spec.timeout
-    cold_reason = warm.use_warm(spec.warm, spec.backend)
+    cold_reason = warm.use_warm(spec.warm, spec.backend, spec.env)
     number = 0
     while True:
         attempt = start.start_attempt(spec, number, cold_reason)

@@ -38,10 +38,22 @@ PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "ddp_tutorial.envv
 _CONTEXT: List[multiprocessing.context.BaseContext] = []
 
 
-def use_warm(warm: Optional[bool], backend: str) -> Optional[str]:
-    """None if this launch's ranks start warm, else why they start cold."""
+#: Variables torch may read once, when it is imported: a launch that sets one starts cold, since the
+#: forkserver imported torch without it (TORCH_DISTRIBUTED_DEBUG, for one, is read then).
+READ_AT_IMPORT = ("TORCH_", "PYTORCH_", "OMP_", "MKL_", "KMP_")
+
+
+def use_warm(warm: Optional[bool], backend: str, env: Optional[Dict[str, str]] = None) -> Optional[str]:
+    """None if this launch's ranks start warm, else why they start cold.
+
+    Args:
+        env: the variables the launch sets for its ranks (``launch(env=...)``).
+    """
     if backend == "nccl":
         return "nccl launches start cold"
+    at_import = sorted(k for k in env or {} if k.startswith(READ_AT_IMPORT) and k != "OMP_NUM_THREADS")
+    if at_import:
+        return f"the launch sets {', '.join(at_import)}, which torch may read when it is imported"
     if warm is None:
         setting = os.environ.get(envvars.WARM, "")
         if setting in ("0", "1"):

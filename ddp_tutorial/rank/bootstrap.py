@@ -411,6 +411,11 @@ def run_warm(argv, env, sockets) -> None:
 
     if env.get("OMP_NUM_THREADS", "").isdigit():  # torch read the forkserver's environment when imported
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    # A new process draws a fresh seed for torch's generator (Python's `random` reseeds itself after a
+    # fork); a forked rank would share the forkserver's: per-rank random data must differ as it does cold.
+    torch.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
     sys.argv = [__file__, *argv]
     main()
 
