@@ -199,6 +199,17 @@ def signal_rank(p, sig: int) -> None:
 
 
 def sweep(p) -> None:
-    """Kill what an exited, unreaped rank ``p`` left in its group (e.g. a DataLoader worker), then forget it."""
-    killpg(p, signal.SIGKILL)
+    """Kill what an exited rank ``p`` left in its group (e.g. a DataLoader worker).
+
+    Unreaped (Linux, cold), its pid is still its group's id. Reaped already (where Python has no
+    ``os.waitid``, as on macOS, or a warm rank, which the forkserver reaps), the group is signalled
+    only while psutil still finds members in it: a group id stays taken while it has members.
+    """
+    if p.returncode is None and not isinstance(p, warm.WarmRank):
+        killpg(p, signal.SIGKILL)
+    elif procinfo.group_members(p.pid):
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     wait_for_members(p.pid, time.monotonic() + KILL_WAIT_S)

@@ -81,7 +81,7 @@ def launch_speed(repeats: int = 3, world_size: int = 4, timeout: float = 120.0, 
     waiting for rank 0's store before init (``--wait-for-store``), to show where the time goes.
 
     Returns:
-        ``launch_s`` (cold), ``torchrun_s``, ``ratio`` (cold / torchrun, target <= 0.75),
+        ``launch_s`` (cold), ``torchrun_s``, ``ratio`` (cold / torchrun, target <= 0.5),
         ``warm_s``, ``warm_first_s``, ``warm_ratio`` (warm / torchrun, target <= 0.2),
         ``warm_modes``, ``server`` (the idle forkserver's ``rss_mb``, ``pss_mb``, ``threads``), ``fixed_s`` and
         ``fixed_ratio`` (the probe with the store wait), ``phases`` and ``fixed_phases``
