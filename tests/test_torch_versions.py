@@ -1,6 +1,7 @@
 """The torch a learner already has: the range checked at import, and the store on older torch."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,11 +63,9 @@ def test_the_range_stated_in_pyproject_and_readme_is_the_one_checked():
 
 #: torch 2.4-2.7 as far as the store goes: the default (libuv) server refuses a listening socket.
 OLD_STORE = '''
-import importlib.util, json, os, socket, sys
+import json, os, socket, sys
 import torch.distributed as dist
-spec = importlib.util.spec_from_file_location("bootstrap", sys.argv[1])
-bootstrap = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bootstrap)
+from ddp_tutorial.rank import store
 calls, TCPStore = [], dist.TCPStore
 
 def old_tcp_store(*args, **kwargs):
@@ -82,19 +81,19 @@ sock.bind(("127.0.0.1", 0))
 sock.listen()
 port = sock.getsockname()[1]
 os.environ["MASTER_ADDR"] = "127.0.0.1"
-bootstrap.host_store(sock.detach(), port)
+store.host_store(sock.detach(), port)
 client = TCPStore("127.0.0.1", port, None, False, wait_for_workers=False)
 client.set("key", "from a client")
-print(json.dumps({"calls": calls, "read": bootstrap._STORE[0].get("key").decode(),
-                  "libuv": bootstrap._STORE[0].libuvBackend}))
+print(json.dumps({"calls": calls, "read": store._STORE[0].get("key").decode(),
+                  "libuv": store._STORE[0].libuvBackend}))
 '''
 
 
 def test_where_the_default_store_refuses_a_listening_socket_the_classic_one_hosts_it_and_clients_join(tmp_path):
     script = tmp_path / "old_store.py"
     script.write_text(OLD_STORE)
-    out = subprocess.run([sys.executable, str(script), str(ROOT / "ddp_tutorial" / "rank" / "bootstrap.py")],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr
     assert "logged by the refusal" not in out.stderr  # it would open rank 0's output on every launch
     got = json.loads(out.stdout.splitlines()[-1])
