@@ -12,7 +12,6 @@ import signal
 for name in ("SIGRTMIN", "SIGRTMAX"):
     if hasattr(signal, name):
         delattr(signal, name)
-    signal.Signals._member_map_.pop(name, None)
 for name in ("sched_getaffinity", "sched_setaffinity", "pidfd_open", "waitid"):
     if hasattr(os, name):
         delattr(os, name)
