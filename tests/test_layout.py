@@ -111,14 +111,6 @@ def test_notebook_imports_no_rank_code(path):
     assert found == [], f"{path.name} imports rank code: use lessons.script_source to show it"
 
 
-def test_scripts_written_before_the_task_moved_to_workers_still_import_it():
-    # A learner's my_work/ copy of an older skeleton says `from ddp_tutorial.exercises import task`.
-    code = "from ddp_tutorial.exercises import reference, task; print(task.__name__, reference.__name__)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         cwd=ROOT, check=True).stdout.split()
-    assert out == ["ddp_tutorial.exercises.workers.task", "ddp_tutorial.exercises.workers.reference"]
-
-
 def test_the_kit_finds_its_worker_scripts_in_their_own_package():
     # scripts_path(name) looks through the whole package (for a learner at a prompt); the kit's
     # modules name the folder instead, so two scripts of one name can never be confused.

@@ -22,7 +22,6 @@ ranks run (the harness, the task, the references) are in ``workers/``.
 
 from __future__ import annotations
 
-import importlib
 import os
 import tempfile
 import textwrap
@@ -273,14 +272,6 @@ def _result(name: str, script: Path, criteria: List[judge.Criterion], pids: List
                  f"not yet: {ok} of {len(criteria)} criteria pass"
                  + (f", {unknown} not measured" if unknown else "") + f". A hint: exercises.hint({name!r})")
     return CheckResult(name, passed, "\n".join(lines), [tuple(c) for c in criteria], pids, seconds)
-
-
-def __getattr__(name: str):
-    """``from ddp_tutorial.exercises import task`` (or ``reference``): the rank-side module, imported
-    only when asked, so scripts written before they moved to ``workers/`` still run."""
-    if name in ("task", "reference"):
-        return importlib.import_module(f"ddp_tutorial.exercises.workers.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["NAMES", "SOLUTIONS_DIR", "SKELETONS_DIR", "CheckResult", "start", "check", "hint", "solution",
