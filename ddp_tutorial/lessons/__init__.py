@@ -153,7 +153,10 @@ def worker_alive(pid: int) -> bool:
     if not procinfo.alive(pid):
         return False
     words = procinfo.cmdline(pid)
-    return words is None or BOOTSTRAP in words  # None: no /proc (not Linux) or it just exited: trust alive()
+    if words is None:  # it just exited, or is not ours to read: trust alive()
+        return True
+    # A cold rank runs the bootstrap; a warm one shows the forkserver's command line, forked from it.
+    return BOOTSTRAP in words or any("multiprocessing.forkserver" in w for w in words)
 
 
 def port_can_be_bound(port: int, host: str = "127.0.0.1") -> bool:
