@@ -8,7 +8,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from ddp_tutorial.exercises import shard, task
+from ddp_tutorial.exercises import shard
+from ddp_tutorial.exercises.workers import task
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
