@@ -11,9 +11,10 @@ Importing this package does not import torch: only the worker processes do.
 
 import sys
 
-from ddp_tutorial import torch_version
+from ddp_tutorial import platforms, torch_version
 
-# A torch outside the tested range is named here, in one line, not later inside a rank.
+# Native Windows, and a torch outside the tested range, are named here in one line, not later inside a rank.
+platforms.refuse_native_windows()
 torch_version.check()
 
 from ddp_tutorial import config, launcher  # noqa: E402

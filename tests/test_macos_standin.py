@@ -90,3 +90,21 @@ def test_inside_the_standin_proc_is_hidden_and_launches_start_cold():
     with pytest.raises(LaunchTimeout) as info:
         launch(str(SCRIPTS / "skip_allreduce.py"), 2, echo="none", timeout=15)
     assert set(info.value.stacks) == {0, 1}
+
+
+WINDOWS = """
+import sys
+sys.platform = "win32"  # what native Windows' Python says; set only in this child, before the import
+import ddp_tutorial
+"""
+
+
+def test_native_windows_is_refused_at_import_in_one_line_naming_wsl2():
+    from ddp_tutorial.platforms import WINDOWS_REFUSAL
+
+    out = subprocess.run([sys.executable, "-c", WINDOWS], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and out.stdout == ""
+    last = out.stderr.strip().splitlines()[-1]
+    assert last == f"ImportError: {WINDOWS_REFUSAL}"
+    assert "\n" not in WINDOWS_REFUSAL and "WSL2" in WINDOWS_REFUSAL and "wsl --install" in WINDOWS_REFUSAL
+    assert 'ddp_tutorial/platforms.py", line' in out.stderr  # the first thing the import does, not a deeper failure
