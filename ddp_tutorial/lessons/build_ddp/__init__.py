@@ -223,7 +223,7 @@ def unused_parameter_hang(timeout: float = 5.0) -> dict:
     """BucketDDP on 2 ranks where only rank 0 takes a branch: launched with a short deadline, it times out.
 
     Returns:
-        ``error`` (the LaunchTimeout's first line), ``stacks`` and ``waiting_in`` per rank (from the
+        ``error`` (the LaunchTimeout's first line), ``deadline`` (s), ``stacks`` and ``waiting_in`` per rank (from the
         LaunchTimeout), ``reports`` per rank (took the branch, gradients it got of how many parameters),
         ``seconds``. Raises AssertionError if the launch did not time out.
     """
@@ -235,7 +235,8 @@ def unused_parameter_hang(timeout: float = 5.0) -> dict:
     try:
         launch(SCRIPT, 2, ["--parts", "hang"], timeout=deadline, echo="none")
     except LaunchTimeout as err:
-        return {"error": str(err).splitlines()[0], "stacks": err.stacks, "waiting_in": err.waiting_in,
+        return {"error": str(err).splitlines()[0], "deadline": deadline, "stacks": err.stacks,
+                "waiting_in": err.waiting_in,
                 "still_running": sorted(err.still_running), "seconds": time.monotonic() - t0,
                 "reports": {r: (err.run.results(r) or [None])[-1] for r in range(2)} if err.run else {}}
     raise AssertionError("the hang launch finished: the hand-made DDP did not wait")
