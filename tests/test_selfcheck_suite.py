@@ -1,6 +1,7 @@
 """The self-check that tests another torch or runs the suite many times: its parsing and its table
 (no real suite runs here)."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,9 @@ def test_a_run_of_many_shows_only_pytests_progress_lines_each_after_its_run(tmp_
     assert result["returncode"] == 1 and result["summary"] == "1 failed, 3 passed in 2.00s" and result["cases"] == {}
     suite.run_tests(fake, tmp_path, echo=False)  # neither: nothing printed
     assert capsys.readouterr().out == ""
+
+
+def test_a_python_that_is_not_there_is_named():
+    with pytest.raises(SystemExit, match=r"no Python 2\.99 found"):
+        suite.base_python("2.99")
+    assert suite.base_python(f"{sys.version_info[0]}.{sys.version_info[1]}").exists()

@@ -2,6 +2,7 @@
 
     python -m ddp_tutorial.selfcheck --torch 2.15.0 --no-pip-config --tests notebooks tests/test_launcher.py
     python -m ddp_tutorial.selfcheck --torch 2.15.0 --no-pip-config --download-only   # wheels only, for later
+    python -m ddp_tutorial.selfcheck --python 3.10 --tests tests/test_launcher.py   # the demo, then the tests
     python -m ddp_tutorial.selfcheck --suite 6 --busy-core 2
     python -m ddp_tutorial.selfcheck --notebooks 5 --busy-core 2
 """
@@ -27,6 +28,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--torch", metavar="VERSION",
                         help="test with this torch, in .venv-torch-VERSION (built once, kept); alone: "
                              "run the README's `pytest` there once")
+    parser.add_argument("--python", metavar="X.Y",
+                        help="alone: the demo and the README's `pytest` (or --tests) with Python X.Y, in "
+                             ".venv-python-X.Y (built once, kept)")
     parser.add_argument("--busy-core", type=int, default=0, metavar="K",
                         help="the last K runs (or rounds) beside a process that keeps one core busy")
     parser.add_argument("--tests", nargs="+", default=[], metavar="PATH",
@@ -44,6 +48,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parser.error("--download-only goes with --torch VERSION alone")
         suite.download_torch(args.torch, suite.checkout(), args.no_pip_config)
         return 0
+    if args.python is not None:
+        if args.torch or args.suite is not None or args.notebooks is not None:
+            parser.error("--python goes alone (with --tests, --no-pip-config)")
+        return suite.test_python(args.python, args.tests, args.no_pip_config)
     if args.suite is None and args.notebooks is None:
         if args.torch is None:
             parser.error("say what to run: --torch VERSION, --suite N or --notebooks N")

@@ -260,6 +260,52 @@ def test_torch(version: str, tests: Sequence[str] = (), no_pip_config: bool = Fa
     return result["returncode"]
 
 
+def base_python(version: str) -> Path:
+    """The interpreter of Python ``version`` (``3.10``, ``3.13.0``): ``pythonX.Y`` on PATH, else pyenv's.
+
+    Raises:
+        SystemExit: none found.
+    """
+    found = shutil.which(f"python{version}")
+    pyenv = sorted(Path(os.path.expanduser("~/.pyenv/versions")).glob(f"{version}*/bin/python"))
+    if found or pyenv:
+        return Path(found or pyenv[-1])
+    raise SystemExit(f"error: no Python {version} found (python{version} on PATH, or ~/.pyenv/versions/{version}*)")
+
+
+def python_venv(version: str, root: Path, no_pip_config: bool = False, echo=print) -> Path:
+    """``root/.venv-python-VERSION``: requirements.txt as it is, installed with Python ``version``, made once."""
+    venv = root / f".venv-python-{version}"
+    python = venv_python(venv)
+    if torch_in(python):
+        echo(f"using {venv}")
+        return venv
+    echo(f"building {venv}: requirements.txt with {base_python(version)} ...")
+    t0 = time.perf_counter()
+    subprocess.run([str(base_python(version)), "-m", "venv", "--clear", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], env=pip_env(no_pip_config))
+    done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r", "requirements.txt"], cwd=root,
+                          env=pip_env(no_pip_config)).returncode
+    if done != 0 or not torch_in(python):
+        raise SystemExit(f"error: installing requirements.txt with Python {version} in {venv} failed (pip exit {done})")
+    echo(f"built {venv} in {time.perf_counter() - t0:.0f} s")
+    return venv
+
+
+def test_python(version: str, tests: Sequence[str] = (), no_pip_config: bool = False) -> int:
+    """``--python``: the demo (``python -m ddp_tutorial``), then the README's tests (or ``tests``), with
+    Python ``version``; 0 if both pass."""
+    root = checkout()
+    python = venv_python(python_venv(version, root, no_pip_config))
+    demo = subprocess.run([str(python), "-m", "ddp_tutorial", "--world-size", "2"], cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    print(f"$ {python} -m ddp_tutorial --world-size 2: exit {demo.returncode}", flush=True)
+    result = run_tests(python, root, tests)
+    print(f"Python {version}, torch {torch_in(python)}: {result['summary']} (exit {result['returncode']}, "
+          f"{result['seconds']:.0f} s wall)", flush=True)
+    return demo.returncode or result["returncode"]
+
+
 def clone(root: Path, into: Path) -> str:
     """A fresh clone of ``root``'s current commit in ``into``; the commit's hash."""
     commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
