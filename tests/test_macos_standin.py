@@ -108,3 +108,16 @@ def test_native_windows_is_refused_at_import_in_one_line_naming_wsl2():
     assert last == f"ImportError: {WINDOWS_REFUSAL}"
     assert "\n" not in WINDOWS_REFUSAL and "WSL2" in WINDOWS_REFUSAL and "wsl --install" in WINDOWS_REFUSAL
     assert 'ddp_tutorial/platforms.py", line' in out.stderr  # the first thing the import does, not a deeper failure
+
+
+def test_below_python_3_10_pip_reaches_the_kit_s_own_one_line_refusal():
+    """pip checks the kit's requires-python only if no other line fails first: every other requirement
+    carries the same floor as a marker (docs/platforms.md shows the line pip prints on 3.9)."""
+    import re
+
+    root = HERE.parent
+    assert re.search(r'^requires-python = ">=3.10"$', (root / "pyproject.toml").read_text(), re.M)
+    lines = [line.split("#")[0].strip() for line in (root / "requirements.txt").read_text().splitlines()]
+    requirements = [line for line in lines if line]
+    assert requirements[0] == "-e ."
+    assert all(line.endswith('; python_version >= "3.10"') for line in requirements[1:]), requirements
