@@ -112,6 +112,15 @@ def test_a_right_answer_in_another_shape_passes(tmp_path):
     assert_nothing_left(result, tmp_path)
 
 
+@pytest.mark.parametrize("answer", ["shard_join", "shard_comm_hook", "shard_async_log"])
+def test_a_right_answer_that_hands_torch_its_own_work_handles_passes(tmp_path, answer):
+    """Under Join([model, optimizer]) DDP's reducer takes the Work of Join's all-reduce (it must be torch's
+    own, not the harness's); a comm hook returns torch's future; an async all_reduce the script waits for."""
+    result = exercises.check("shard", RIGHT_ANSWERS / f"{answer}.py", timeout=TIMEOUT)
+    assert result.passed, result.message
+    assert_nothing_left(result, tmp_path)
+
+
 def test_the_solution_holds_an_uneven_share_and_saves_it_whole(tmp_path):
     """The measured numbers behind the ✓s: ZeRO's greedy split of the 4 -> 8 -> 2 model, 32 and 26 elements;
     rank 0 reports what it measured before it replays the DDP script (a peer's failure cannot cost them)."""

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import inspect
 import os
+import sys
 from urllib.parse import urlparse
 
 import torch
@@ -158,6 +159,14 @@ def rendezvous_port(init_method, store):
     return url.scheme or None
 
 
+def called_from_torch() -> bool:
+    """Whether the collective being observed was called by torch itself (the first caller outside this file)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    return frame is not None and frame.f_globals.get("__name__", "").startswith("torch.")
+
+
 class Work:
     """The Work an ``async_op=True`` collective returns (named as torch names it, for the script's messages),
     reporting the collective done when the script waits.
@@ -294,7 +303,10 @@ class Observers:
                     report({"event": "collective", "op": op, "n": number, "input": values,
                             "output": small_values(tensor)})
 
-                if work is not None and hasattr(work, "wait"):  # async_op=True: done once the script waits
+                # async_op=True from the script: done once the script waits. From torch's own code (Join's
+                # notify_join_context hands its Work to DDP's reducer, which needs torch's own C++ Work),
+                # the Work goes back untouched.
+                if work is not None and hasattr(work, "wait") and not called_from_torch():
                     return Work(work, done)
                 done()
                 return work
