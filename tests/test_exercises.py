@@ -402,3 +402,16 @@ def test_train_main_drops_the_model_before_teardown():
     tree = ast.parse((Path(ddp_tutorial.__file__).parent / "train.py").read_text())
     main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
     assert drops_before_destroy(ast.unparse(main))
+
+
+def test_check_without_a_path_finds_the_file_from_the_repository_root_too(tmp_path, monkeypatch):
+    monkeypatch.delenv(envvars.MY_WORK, raising=False)  # as a learner has it: no folder set
+    monkeypatch.chdir(tmp_path)  # a repository root: notebooks/my_work/ below it, no my_work/ here
+    (tmp_path / "notebooks" / "my_work").mkdir(parents=True)
+    learner = tmp_path / "notebooks" / "my_work" / "init.py"
+    learner.write_text("raise SystemExit('the learner file ran')\n")
+    assert exercises.default_script("init") == Path("notebooks") / "my_work" / "init.py"
+    result = exercises.check("init", echo="none", timeout=TIMEOUT)
+    assert "the learner file ran" in result.message
+    missing = exercises.check("wrap", echo="none")
+    assert f"looked in {(tmp_path / 'my_work').resolve()}" in " ".join(missing.message.split())

@@ -124,6 +124,16 @@ def my_work() -> str:
     return os.environ.get(envvars.MY_WORK) or DEFAULT_FOLDER
 
 
+def default_script(name: str) -> Path:
+    """The file ``check(name)`` reads without a path: ``<my_work()>/<name>.py``, relative to the current
+    folder (a notebook's is ``notebooks/``); from the repository root, ``notebooks/my_work/`` as well."""
+    script = Path(my_work()) / f"{name}.py"
+    beside_notebooks = Path("notebooks") / DEFAULT_FOLDER / f"{name}.py"
+    if not script.is_file() and not os.environ.get(envvars.MY_WORK) and beside_notebooks.is_file():
+        return beside_notebooks
+    return script
+
+
 def start(name: str, folder=None) -> Path:
     """Write exercise ``name``'s skeleton to ``<folder>/<name>.py`` unless that file exists already.
 
@@ -185,11 +195,12 @@ def check(name: str, path=None, timeout: float = DEFAULT_TIMEOUT_S, echo: str = 
     """
     _known(name)
     t0 = time.monotonic()
-    script = Path(path) if path is not None else Path(my_work()) / f"{name}.py"
+    script = Path(path) if path is not None else default_script(name)
     harness_runs: List[runs.HarnessRun] = []
     if not script.is_file():
         criteria = [judge.Criterion("the script exists", False,
-                                    f"no file at {script}: run exercises.start({name!r}) first")]
+                                    f"no file at {script} (looked in {script.parent.resolve()}): "
+                                    f"run exercises.start({name!r}) first")]
     else:
         criteria = _run_and_judge(name, script.resolve(), timeout, echo, _run_folder(name), harness_runs)
     pids = list(dict.fromkeys(pid for run in harness_runs for pid in run.pids))  # a plain run reports its pid twice
