@@ -6,6 +6,7 @@ The notebook runs the 4-rank lab (W = 2, 3, 4) and the hang; this file launches 
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +83,13 @@ def test_hooks_launch_during_backward_and_no_sync_skips_them(lab):
     assert cases["no_sync"]["overlap"]["all_reduces"] == [0, 0, 0, 6]
     assert cases["no_sync"]["bucket"]["all_reduces"] == [0, 0, 0, 2]
     assert all(row["max_diff"] == 0 for row in cases["no_sync"].values())
+
+
+def test_bucket_ddp_raises_when_its_all_reduce_fails():
+    from ddp_tutorial import WorkerError, launch
+
+    with pytest.raises(WorkerError) as info:
+        launch(str(Path(__file__).parent / "scripts" / "bucket_peer_never_joins.py"), 2, echo="none", timeout=60)
+    err = info.value
+    assert err.rank == 0 and "finish_gradient_synchronization" in err.traceback
+    assert "rank 0 returned" not in "\n".join(err.run.output[0])

@@ -19,6 +19,7 @@ the way a CPU thread waits for a GPU kernel: it makes overlap visible on a
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 
 import torch
@@ -129,8 +130,7 @@ class BucketDDP(OverlapDDP):
             flat = torch.cat([q.grad.reshape(-1) for q in self.buckets[i]])
             flat.div_(dist.get_world_size(self.group))
             work = dist.all_reduce(flat, group=self.group, async_op=True)
-            done = self.reduced[i]
-            work.get_future().then(lambda _: done.set_result(flat))
+            work.get_future().add_done_callback(functools.partial(_pass_on, flat=flat, to=self.reduced[i]))
 
     def finish_gradient_synchronization(self):
         # Every bucket must be reduced before the step. A bucket whose gradient never came was
@@ -141,6 +141,18 @@ class BucketDDP(OverlapDDP):
             for p, part in zip(bucket, flat.split([q.numel() for q in bucket])):
                 p.grad.copy_(part.view_as(p.grad))
         self._new_step()
+
+
+def _pass_on(fut, flat, to):
+    """Complete ``to`` as the all-reduce ended: with the reduced ``flat``, or with its error. A failed
+    collective (a peer that never joins: gloo's timeout) must raise in finish_gradient_synchronization,
+    not hand the optimizer this rank's own gradient."""
+    try:
+        fut.wait()  # re-raises the collective's error
+    except Exception as exc:  # noqa: BLE001  handed on whole, to be raised where the step waits
+        to.set_exception(exc)
+    else:
+        to.set_result(flat)
 
 
 class _WaitLikeAGpu(torch.autograd.Function):
