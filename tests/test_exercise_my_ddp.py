@@ -59,3 +59,10 @@ def test_a_correct_answer_shaped_unlike_the_solution_passes(script, tmp_path):
 def test_there_are_enough_wrong_and_right_answers():
     assert len(WRONG_ANSWERS) >= 5 and len(list(SCRIPTS.glob("my_ddp_correct_*.py"))) >= 2
     assert {w[0] for w in WRONG_ANSWERS} == {p.stem for p in MISTAKES.glob("my_ddp_*.py")}
+
+
+def test_the_untouched_skeleton_gets_no_tick_for_an_order_it_never_showed(tmp_path):
+    result = exercises.check("my_ddp", exercises.SKELETONS_DIR / "my_ddp.py", timeout=TIMEOUT)
+    assert my_ddp.ORDER not in passed_names(result)  # no all-reduce launched: nothing to be in order
+    assert failed(result, my_ddp.ORDER[:30]).startswith("not measured: no rank launched an all-reduce")
+    assert_nothing_left(result, tmp_path)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from ddp_tutorial.exercises.judge.common import Criterion, max_difference, not_measured, ran_to_end, ranks_text
+from ddp_tutorial.exercises.judge.common import (NOT_MEASURED, Criterion, max_difference, not_measured, ran_to_end,
+                                                ranks_text)
 from ddp_tutorial.exercises.runs import HarnessRun
 
 HARNESS = Path(__file__).resolve().parent.parent / "workers" / "my_ddp_harness.py"
@@ -185,6 +186,8 @@ def same_order(runs: List[HarnessRun]) -> Criterion:
             counts = ", ".join(f"rank {r}: {len(v)}" for r, v in launches.items())
             return Criterion(ORDER, False, f"W = {run.world_size}: all-reduces launched {counts}: a rank launched "
                                            "one its peers never did")
+    if not any(run.events(r, "launch") for run in runs for r in run.ranks):  # nothing to compare: no ✓
+        return Criterion(ORDER, False, f"{NOT_MEASURED}no rank launched an all-reduce from a gradient hook")
     return Criterion(ORDER, True, "the same sizes in the same order on every rank")
 
 
