@@ -31,6 +31,9 @@ WRONG_ANSWERS = [
      [my_ddp.SAME, my_ddp.OVERLAP, my_ddp.NO_SYNC]),
     ("my_ddp_bucket_order", {my_ddp.ORDER: ["Buckets built in an order that differs across ranks",
                                             "sum the wrong tensors, or wait for ever"]}, [my_ddp.BROADCAST]),
+    # Correct averages from blocking all-reduces after backward: one diagnosis, overlap, and no false race.
+    ("my_ddp_blocking_after_backward", {my_ddp.OVERLAP: ["launched no all-reduce before backward's last gradient"]},
+     [my_ddp.RAN, my_ddp.BROADCAST, my_ddp.SAME, my_ddp.NO_SYNC, my_ddp.ORDER]),
     ("my_ddp_hooks_on_a_copy", {my_ddp.SAME: ["hooks registered on another model", "none on the module it was given"]},
      [my_ddp.RAN]),
 ]

@@ -206,7 +206,10 @@ def case_train(MyDDP, watch, rank, world_size, n):
         steps.append({"all_reduces": [c["bytes"] for c in calls], "kinds": sorted({c["kind"] for c in calls}),
                       "launched_in_backward": sum(c["launch"] < last for c in calls),
                       "not_waited": sum(c["async"] and not c["waited"] for c in calls),
-                      "changed_after_launch": sum(c.get("changed_before_wait", c["tensor"]._version != c["version"])
+                      # Only an async all-reduce can race with the script: a blocking one has finished
+                      # (writing its tensor) when it returns, and what the script does next is no race.
+                      "changed_after_launch": sum(c["async"] and c.get("changed_before_wait",
+                                                                       c["tensor"]._version != c["version"])
                                                   for c in calls)})
         ref_opt.zero_grad(set_to_none=True)
         F.mse_loss(reference(x), y).backward()
