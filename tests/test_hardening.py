@@ -454,8 +454,8 @@ def test_many_launches_with_kept_failures_leave_fds_and_threads_flat(runs_root):
 @pytest.mark.parametrize("warm_start", [False, True], ids=["cold", "warm"])
 def test_signals_go_only_to_ranks_of_this_launch(monkeypatch, warm_start):
     """Cold ranks are our children, signalled only before we reap them (their pid is still theirs).
-    Warm ranks are the forkserver's children, which it reaps at once: a group is signalled only
-    for a rank of this launch (the sweep at its exit may find the group already empty)."""
+    Warm ranks are the forkserver's children, which it reaps at once: a group is signalled only for a rank
+    of this launch. A deadline makes sure there are live ranks to stop."""
     sent = []
     real_killpg = os.killpg
 
@@ -466,11 +466,13 @@ def test_signals_go_only_to_ranks_of_this_launch(monkeypatch, warm_start):
     monkeypatch.setattr(launcher.procgroup.os, "killpg", checked_killpg)
     with pytest.raises(WorkerError) as info:
         launch(FAIL_FAST, 3, echo="none", timeout=60, warm=warm_start)
-    run = launch(PRINT_LINES, 2, echo="none", timeout=60, warm=warm_start)
-    assert sent, "no group was signalled"
-    assert info.value.run.start_mode == run.start_mode == ("warm" if warm_start else "cold")
+    with pytest.raises(LaunchTimeout) as hung:  # both ranks alive at the deadline: each group gets SIGTERM
+        launch(str(SCRIPTS / "skip_allreduce.py"), 2, echo="none", timeout=8 if warm_start else 30, warm=warm_start)
+    assert info.value.run.start_mode == hung.value.run.start_mode == ("warm" if warm_start else "cold")
+    stopped = {pgid for pgid, sig, _ in sent if sig == signal.SIGTERM}
+    assert set(hung.value.run.pids) <= stopped, (sent, hung.value.run.pids)
     for pgid, _, ppid in sent:
-        assert pgid in info.value.run.pids + run.pids  # a rank of these launches, whose pid is its group id
+        assert pgid in info.value.run.pids + hung.value.run.pids  # a rank of these launches: its pid is its group
         if not warm_start:
             assert ppid == os.getpid()  # ...and not yet reaped: the pid is still the rank's
     if warm_start:
