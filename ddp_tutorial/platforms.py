@@ -6,6 +6,7 @@ SIGUSR2 for a rank's stacks), and its grader needs Linux namespaces. WSL2 is Lin
 """
 
 import sys
+from typing import Optional
 
 #: What importing the kit says on native Windows, in one line.
 WINDOWS_REFUSAL = (
@@ -14,11 +15,12 @@ WINDOWS_REFUSAL = (
     "PowerShell run `wsl --install`, then inside WSL `pip install -r requirements.txt` (docs/platforms.md).")
 
 
-def refuse_native_windows(platform: str = sys.platform) -> None:
-    """Stop the import in one line on native Windows (``sys.platform == "win32"``).
+def refuse_native_windows(platform: Optional[str] = None) -> None:
+    """Stop the import in one line on native Windows (``platform``, else ``sys.platform`` as it is at the
+    call, is ``"win32"``).
 
     Raises:
         ImportError: on native Windows, with ``WINDOWS_REFUSAL``.
     """
-    if platform == "win32":
+    if (sys.platform if platform is None else platform) == "win32":
         raise ImportError(WINDOWS_REFUSAL)
