@@ -30,6 +30,9 @@ LAUNCHER_FD = "DDP_TUTORIAL_LAUNCHER_FD"
 #: "bind" (bind MASTER_PORT itself), "join" (the other ranks). The bootstrap removes it
 #: before the script runs, so nothing the script starts inherits it.
 STORE = "DDP_TUTORIAL_STORE"
+#: Rank 0's alone: a socket that reads end-of-file once every other rank has exited. Rank 0
+#: hosts the store, and keeps it until then, as torchrun's agent keeps its store (``rank/store.py``).
+PEERS_FD = "DDP_TUTORIAL_PEERS_FD"
 
 # -- Set by an exercise check for the ranks --------------------------------------
 #: The rank (as text) that ``task.loss_fn`` makes raise (the teardown check's second run).

@@ -20,6 +20,11 @@ _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$')
 #: What ``waiting_in`` says of a rank blocked in an async collective's ``Work.wait()``.
 ASYNC_WAIT = "Work.wait (an async collective's handle)"
+#: What it says of a rank blocked in ``torch.futures.Future.wait()`` (a Python frame of torch/futures):
+#: a future made by the script itself, or one a collective's work handed on, completes only when someone
+#: sets its result; no process group's timeout applies to it.
+FUTURE_WAIT = "Future.wait (a torch.futures.Future)"
+_FUTURES = "torch/futures/__init__.py"
 _WAIT_CALL = re.compile(r"(?<!\bos)\.wait\(")  # not os.wait(): that waits for a child process
 #: Frames of the machinery that starts a rank, left out of what a learner reads.
 _MACHINERY = ("/rank/bootstrap.py", "/runpy.py", "<frozen runpy>")
@@ -71,9 +76,13 @@ def waiting_in(text: str) -> Optional[str]:
     """The ``torch.distributed`` call the script was inside, e.g. ``"all_reduce"``; None if none.
 
     The outermost frame in ``distributed_c10d.py`` is the collective the script called
-    (inner frames are its helpers); else the outermost frame of DDP or torch.distributed.
+    (inner frames are its helpers); else the outermost frame of DDP or torch.distributed; a
+    ``torch.futures.Future.wait`` is named as such; else, a script line that calls ``.wait()`` with no
+    frame of torch under it, a ``Work.wait`` (C++, no Python frame).
     """
     frames = list(reversed(_main_thread(text)))  # outermost first
+    if frames and frames[-1][0].replace("\\", "/").endswith(_FUTURES) and frames[-1][2] == "wait":
+        return FUTURE_WAIT
     for file, _, func in frames:
         if file.replace("\\", "/").endswith("torch/distributed/distributed_c10d.py"):
             return func

@@ -1,8 +1,11 @@
 """Which torch the kit runs on, and a clear word at import when it is one the kit cannot use.
 
 The kit is tested from ``FLOOR`` to ``NEWEST_TESTED`` (docs/torch-versions.md has the
-runs and why the floor is where it is). Importing ``ddp_tutorial`` checks the installed torch:
+runs and why the floor is where it is). Importing ``ddp_tutorial`` checks the Python, then the installed
+torch:
 
+- a Python older than ``PYTHON_FLOOR``: ``ImportError``, one line (pip says the same at install, from
+  pyproject.toml's ``requires-python``; this is for a clone imported without installing it);
 - older than ``FLOOR`` (or none): ``ImportError``, one line with the version found and the
   ``pip install`` command that fixes it, before anything starts a rank;
 - newer than ``NEWEST_TESTED``: one line on stderr, and the kit goes on (a learner on a
@@ -27,6 +30,9 @@ from typing import Optional, Tuple
 FLOOR = (2, 9)
 #: The newest torch the kit's tests have passed on.
 NEWEST_TESTED = (2, 15)
+#: The oldest Python: torch 2.9 to 2.14 have wheels for 3.10 to 3.14, and 2.15 for 3.11 to 3.15 (the
+#: registry's files, docs/platforms.md); pyproject.toml's ``requires-python`` says the same to pip.
+PYTHON_FLOOR = (3, 10)
 
 
 def _dotted(version: Tuple[int, ...]) -> str:
@@ -78,6 +84,17 @@ def refusal(version: Optional[str], folder: Optional[str]) -> Optional[str]:
     return None
 
 
+def python_refusal(version_info: Optional[Tuple[int, ...]] = None) -> Optional[str]:
+    """The one line that refuses a Python older than ``PYTHON_FLOOR`` (``version_info``, else this one's),
+    or None."""
+    found = tuple(sys.version_info if version_info is None else version_info)
+    if found[:2] >= PYTHON_FLOOR:
+        return None
+    return (f"ddp_tutorial needs Python {_dotted(PYTHON_FLOOR)} or newer (torch {_dotted(FLOOR)}, the oldest "
+            f"it runs on, has no wheels for older), but {sys.executable} is Python {_dotted(found[:3])}: "
+            "make a venv with a newer one (docs/platforms.md)")
+
+
 def untested(version: Optional[str]) -> Optional[str]:
     """The one line that says ``version`` is newer than any the kit was tested on, or None."""
     parsed = parse(version or "")
@@ -89,13 +106,15 @@ def untested(version: Optional[str]) -> Optional[str]:
 
 
 def check() -> None:
-    """At import: refuse a torch outside the range, in one line; say so once for a newer one.
+    """At import: refuse an old Python or a torch outside the range, in one line; say so once for a newer
+    torch.
 
     Raises:
-        ImportError: no torch, or one older than ``FLOOR``.
+        ImportError: a Python older than ``PYTHON_FLOOR`` (its ``pip install`` of torch could not
+            succeed), no torch, or one older than ``FLOOR``.
     """
     version, folder, _ = installed()
-    refused = refusal(version, folder)
+    refused = python_refusal() or refusal(version, folder)
     if refused:
         raise ImportError(refused)
     note = untested(version)

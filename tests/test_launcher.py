@@ -330,3 +330,33 @@ def test_the_launch_spec_is_checked_once_and_frozen(runs_root):
         spec.env["B"] = "2"
     script = str(Path(ddp_tutorial.scripts_path("hello.py")).resolve())
     assert spec.cmd == [sys.executable, "-u", launcher.BOOTSTRAP, script, "--n", "3"]
+
+
+def test_rank0_keeps_the_store_until_the_other_ranks_exit():
+    # As torchrun's agent does: a rank still using the store after rank 0's script ended is served.
+    run = launch(str(SCRIPTS / "store_outlives_rank0.py"), 2)
+    assert run.exit_codes == {0: 0, 1: 0}
+    assert any(line.startswith("the store answered") for line in run.output[1]), run.output[1]
+
+
+def test_rank0_holding_the_store_exits_0_when_a_later_rank_fails():
+    # Rank 0's script succeeded; launch stops it when rank 1 fails, and its exit code says it succeeded.
+    with pytest.raises(WorkerError) as info:
+        launch(str(SCRIPTS / "store_outlives_rank0.py"), 2, args=["--then-fail"])
+    assert info.value.rank == 1 and info.value.exit_code == 3
+    assert info.value.run.exit_codes[0] == 0
+
+
+def test_a_launching_script_without_a_main_guard_launches_once(tmp_path):
+    # Warm ranks come from multiprocessing's forkserver, which would re-run the launching
+    # program's __main__ in every rank; a rank must run only its own script, as under torchrun.
+    launcher_script = tmp_path / "launch_it.py"
+    launcher_script.write_text(
+        "from ddp_tutorial import launch\n"
+        "print('launching', flush=True)\n"
+        f"launch({str(SCRIPTS / 'print_lines.py')!r}, 2, run_dir={str(tmp_path / 'run')!r})\n")
+    done = subprocess.run([sys.executable, str(launcher_script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DDP_TUTORIAL_WARM": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("launching") == 1, done.stdout
+    assert "[rank 1] line 2 of rank 1" in done.stdout

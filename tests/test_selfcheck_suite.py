@@ -1,6 +1,7 @@
 """The self-check that tests another torch or runs the suite many times: its parsing and its table
 (no real suite runs here)."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -166,3 +167,18 @@ def test_a_python_that_is_not_there_is_named():
     with pytest.raises(SystemExit, match=r"no Python 2\.99 found"):
         suite.base_python("2.99")
     assert suite.base_python(f"{sys.version_info[0]}.{sys.version_info[1]}").exists()
+
+
+def test_a_python_on_path_is_asked_its_version_so_pyenv_s_shim_for_an_unselected_one_is_passed_over(
+        tmp_path, monkeypatch):
+    shim = tmp_path / "python3.77"
+    shim.write_text("#!/bin/sh\necho 'pyenv: python3.77: command not found' >&2\nexit 127\n")
+    shim.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(SystemExit, match=r"no Python 3\.77 found"):
+        suite.base_python("3.77")
+    shim.write_text("#!/bin/sh\necho 3 77 1\n")
+    assert suite.base_python("3.77") == shim
+    assert suite.base_python("3.77.1") == shim
+    with pytest.raises(SystemExit, match=r"no Python 3\.77\.2 found"):
+        suite.base_python("3.77.2")

@@ -16,7 +16,7 @@ print once: what they return is for programs, and a notebook does not echo it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 
 class Printed(str):
@@ -48,7 +48,7 @@ class Question:
         variable: the name the notebook's answer cell assigns (``my_count = None``), which ``ask`` names.
         text: the question.
         answer: the right answer, from what was measured: ``answer(measured)``.
-        explain: why, in a sentence or two.
+        explain: why, in a sentence or two; or a function of what was measured that returns it.
         choices: for a multiple-choice question, letter -> choice; None for a number.
     """
 
@@ -56,7 +56,7 @@ class Question:
     variable: str
     text: str
     answer: Callable[[Any], Any]
-    explain: str
+    explain: Union[str, Callable[[Any], str]]
     choices: Optional[Dict[str, str]] = None
 
 
@@ -195,15 +195,31 @@ def _exact_w3_choice(measured: Tuple[float, float]) -> str:
     return "a" if difference == 0 else "b" if difference <= rounding else "c"
 
 
+def _exact_w3_why(measured: Tuple[float, float]) -> str:
+    """Why, for what was measured: the explanation follows the letter the measurement gives."""
+    difference, rounding = measured
+    letter = _exact_w3_choice(measured)
+    if letter == "a":
+        return ("The hand-made versions and torch's DDP ended bit-identical at W = 3 in this run: every 3-way sum "
+                "happened to round the same way in every order they were taken.")
+    if letter == "b":
+        return (f"They differ by up to {difference:.1e}, less than float32's own rounding of this training "
+                f"({rounding:.1e}). A sum of 3 float32 numbers depends on its order, and gloo's order depends on "
+                "how the tensor is cut (one gradient, a bucket, one flat tensor): versions that divide before "
+                "the all-reduce, like DDP, differ from it too. With 2 ranks a sum has one order and halving is "
+                "exact: bit-identical.")
+    return (f"They differ by {difference:.1e}, more than float32's own rounding of this training ({rounding:.1e}): "
+            "no order of summation explains that; one of them does not average the gradients.")
+
+
 QUESTIONS["11-exact-w3"] = Question(
-    "11", "my_choice", "3 ranks train the same model on the same batches for 5 SGD steps, once with your NaiveDDP "
-          "(all_reduce each gradient, then divide by 3) and once with torch's DDP. Are the final parameters equal?",
+    "11", "my_choice", "3 ranks train the same model on the same batches for 5 SGD steps, once with torch's DDP and "
+          "once with a DDP built by hand (for instance: all_reduce each gradient after backward, then divide by "
+          "3; section 2 shows it). Are the final parameters equal?",
     choices={"a": "yes, to the bit", "b": "no, but they differ by no more than float32's own rounding",
              "c": "no, they differ by much more: one of them is wrong"},
     answer=_exact_w3_choice,
-    explain="DDP divides each gradient by 3 before its all-reduce, NaiveDDP divides the sum after; 1/3 is not "
-            "exact in binary, and the sums run in another order, so the last bits differ. With 2 ranks they "
-            "are bit-identical: a sum of two numbers has one order, and halving is exact.")
+    explain=_exact_w3_why)
 
 
 def _question(qid: str) -> Question:
@@ -256,5 +272,8 @@ def reveal(qid: str, prediction, measured) -> Verdict:
     else:
         result = _same(prediction, answer, multiple_choice=bool(q.choices))
         verdict = f"{'✓' if result else '✗'} you predicted {prediction!r}; measured: {shown}"
-    print(f"{verdict}\n  {q.explain}")
+        if q.choices and str(prediction).strip().strip("()").lower() not in q.choices:
+            verdict += f" (answer with a letter: {', '.join(q.choices)})"
+    why = q.explain(measured) if callable(q.explain) else q.explain
+    print(f"{verdict}\n  {why}")
     return Verdict(qid, prediction, answer, result)

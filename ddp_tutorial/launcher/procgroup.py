@@ -38,12 +38,13 @@ GUARD = str(Path(__file__).resolve().parent / "guard.py")
 
 
 def start(rank: int, cmd: List[str], env: Dict[str, str], store: Optional[socket.socket],
-          watch: socket.socket, warm_start: bool):
+          watch: socket.socket, warm_start: bool, peers: Optional[socket.socket] = None):
     """Start one rank as the leader of a new process group.
 
     Args:
         cmd: ``[python, -u, BOOTSTRAP, SCRIPT, ARGS...]``. store: the store's listening socket,
             for rank 0 only. watch: the ranks' end of the launcher's watch socket.
+            peers: rank 0's end of the socket that reads end-of-file once the other ranks exited.
         warm_start: fork it from the forkserver (``warm.WarmRank``), else a new process.
 
     Returns:
@@ -52,11 +53,14 @@ def start(rank: int, cmd: List[str], env: Dict[str, str], store: Optional[socket
     store = store if rank == 0 else None
     try:
         if warm_start:
-            return warm.WarmRank(cmd[3:], env, store, watch)
-        fds = (watch.fileno(),) + ((store.fileno(),) if store is not None else ())
+            return warm.WarmRank(cmd[3:], env, store, watch, peers)
+        fds = tuple(s.fileno() for s in (watch, store, peers) if s is not None)
+        fd_env = {envvars.LAUNCHER_FD: str(watch.fileno())}
+        if peers is not None:
+            fd_env[envvars.PEERS_FD] = str(peers.fileno())
         # start_new_session: the rank gets its own process group, so a kill
         # reaches anything it started, and a terminal's Ctrl-C reaches only us.
-        return subprocess.Popen(cmd, env={**env, envvars.LAUNCHER_FD: str(watch.fileno())},
+        return subprocess.Popen(cmd, env={**env, **fd_env},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, bufsize=0, pass_fds=fds)
     except OSError as exc:

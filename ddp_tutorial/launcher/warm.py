@@ -17,9 +17,11 @@ torch reads at import. ``warm=False`` gives the exact torchrun behaviour.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
+from multiprocessing import spawn
 import runpy
 import socket
 import sys
@@ -82,6 +84,30 @@ def prestart() -> None:
     forkserver.ensure_running()
 
 
+@contextlib.contextmanager
+def _without_main():
+    """While a rank starts: the forkserver's child does not import the launching program's ``__main__``.
+
+    multiprocessing re-runs it in every child (as ``__mp_main__``), so a script that calls
+    ``launch`` outside an ``if __name__ == "__main__":`` block would launch again from every
+    rank; a rank under torchrun runs only its own script. ``Popen._launch`` reads
+    ``spawn.get_preparation_data`` by name, for each start: it is swapped for one start only.
+    """
+    with_main = spawn.get_preparation_data
+
+    def without_main(name):
+        data = with_main(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    spawn.get_preparation_data = without_main
+    try:
+        yield
+    finally:
+        spawn.get_preparation_data = with_main
+
+
 class WarmRank:
     """A rank forked by the forkserver, with the parts of ``subprocess.Popen`` that ``launch`` uses.
 
@@ -90,15 +116,16 @@ class WarmRank:
     """
 
     def __init__(self, argv: List[str], env: Dict[str, str], store: Optional[socket.socket],
-                 launcher_end: socket.socket):
+                 launcher_end: socket.socket, peers: Optional[socket.socket] = None):
         self.stdout, rank_end = socket.socketpair()
         # Sockets travel to the forkserver's child as descriptors (multiprocessing.reduction).
-        sockets = {"out": rank_end, "launcher": launcher_end, "store": store}
+        sockets = {"out": rank_end, "launcher": launcher_end, "store": store, "peers": peers}
         self._process = context().Process(
             target=runpy.run_path, args=(BOOTSTRAP,),
             kwargs={"run_name": "__ddp_tutorial_warm__", "init_globals": {"WARM_RANK": (argv, env, sockets)}})
         try:
-            self._process.start()
+            with _without_main():
+                self._process.start()
         finally:
             rank_end.close()
         self.pid = self._process.pid
@@ -125,7 +152,8 @@ class WarmRank:
 def ready(timeout: float) -> bool:
     """Wait (up to ``timeout`` s) until the forkserver has imported ``PRELOAD``: it forks nothing before."""
     probe = context().Process(target=int)
-    probe.start()
+    with _without_main():
+        probe.start()
     probe.join(timeout)
     done = probe.exitcode == 0
     if probe.exitcode is None:

@@ -64,16 +64,21 @@ class WorkerGroup:
         self._pipes: Dict[int, Tuple[int, io.IncrementalNewlineDecoder, object]] = {}
         self._exit_fds: Dict[int, int] = {}  # fd that becomes readable at a rank's exit -> rank
         self._partial: Dict[int, str] = {r: "" for r in range(len(envs))}
+        # Rank 0 hosts the store until this end closes, once the other ranks have exited (``reap``).
+        self._peers, rank0_peers = socket.socketpair() if len(envs) > 1 else (None, None)
         _LIVE_GROUPS.add(self)
         try:
             for rank, env in enumerate(envs):
-                p = procgroup.start(rank, cmd, env, store, watch, warm_start)
+                p = procgroup.start(rank, cmd, env, store, watch, warm_start, rank0_peers if rank == 0 else None)
                 self.procs.append(p)
                 self._watch(rank, p)
         except BaseException:
             self.stop(grace=0.0)
             self.close()
             raise
+        finally:
+            if rank0_peers is not None:
+                rank0_peers.close()  # rank 0 holds it now
 
     @property
     def pids(self) -> List[int]:
@@ -143,8 +148,15 @@ class WorkerGroup:
             procgroup.sweep(p)
             p.wait()  # it has exited: returns at once
             self.exit_codes[rank] = p.returncode
+        if self._peers is not None and all(p.returncode is not None for p in self.procs[1:]):
+            self._close_peers()
         if all(p.returncode is not None for p in self.procs):
             _LIVE_GROUPS.discard(self)
+
+    def _close_peers(self) -> None:
+        if self._peers is not None:
+            self._peers.close()  # rank 0 reads end-of-file: it may give up the store and exit
+            self._peers = None
 
     def done(self) -> bool:
         """Whether every rank has been reaped."""
@@ -201,6 +213,7 @@ class WorkerGroup:
             self._close_pipe(fd)
         for fd in list(self._exit_fds):
             self._unwatch_exit(fd)
+        self._close_peers()
 
 
 @atexit.register

@@ -103,6 +103,11 @@ class _AfterTorchImport:
         return spec
 
 
+def hosting() -> bool:
+    """Whether this process hosts the store (rank 0, once the script imported torch)."""
+    return bool(_STORE)
+
+
 def prepare_store() -> None:
     """Under ``launch``: rank 0 takes the store's socket now, and hosts the store once torch is in."""
     spec = os.environ.pop(envvars.STORE, None)  # the script's children must not see it

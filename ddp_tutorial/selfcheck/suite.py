@@ -261,16 +261,25 @@ def test_torch(version: str, tests: Sequence[str] = (), no_pip_config: bool = Fa
 
 
 def base_python(version: str) -> Path:
-    """The interpreter of Python ``version`` (``3.10``, ``3.13.0``): ``pythonX.Y`` on PATH, else pyenv's.
+    """The interpreter of Python ``version`` (``3.10``, ``3.13.0``): ``pythonX.Y`` on PATH, else pyenv's
+    newest.
+
+    Each is asked its version: pyenv's ``pythonX.Y`` on PATH is a shim that runs only the Pythons pyenv
+    has selected, and exits 127 for the others.
 
     Raises:
         SystemExit: none found.
     """
-    found = shutil.which(f"python{version}")
-    pyenv = sorted(Path(os.path.expanduser("~/.pyenv/versions")).glob(f"{version}*/bin/python"))
-    if found or pyenv:
-        return Path(found or pyenv[-1])
-    raise SystemExit(f"error: no Python {version} found (python{version} on PATH, or ~/.pyenv/versions/{version}*)")
+    wanted = tuple(int(part) for part in version.split("."))
+    on_path = shutil.which("python" + ".".join(version.split(".")[:2]))
+    pyenv = sorted(Path(os.path.expanduser("~/.pyenv/versions")).glob(f"{version}*/bin/python"), reverse=True,
+                   key=lambda path: [int(part) for part in re.findall(r"\d+", path.parent.parent.name)])
+    for candidate in ([Path(on_path)] if on_path else []) + pyenv:
+        said = subprocess.run([str(candidate), "-c", "import sys; print(*sys.version_info[:3])"],
+                              capture_output=True, text=True, timeout=60)
+        if said.returncode == 0 and tuple(map(int, said.stdout.split()))[:len(wanted)] == wanted:
+            return candidate
+    raise SystemExit(f"error: no Python {version} found (pythonX.Y on PATH, or ~/.pyenv/versions/{version}*)")
 
 
 def python_venv(version: str, root: Path, no_pip_config: bool = False, echo=print) -> Path:
@@ -280,9 +289,10 @@ def python_venv(version: str, root: Path, no_pip_config: bool = False, echo=prin
     if torch_in(python):
         echo(f"using {venv}")
         return venv
-    echo(f"building {venv}: requirements.txt with {base_python(version)} ...")
+    base = base_python(version)
+    echo(f"building {venv}: requirements.txt with {base} ...")
     t0 = time.perf_counter()
-    subprocess.run([str(base_python(version)), "-m", "venv", "--clear", str(venv)], check=True)
+    subprocess.run([str(base), "-m", "venv", "--clear", str(venv)], check=True)
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], env=pip_env(no_pip_config))
     done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r", "requirements.txt"], cwd=root,
                           env=pip_env(no_pip_config)).returncode
@@ -297,9 +307,13 @@ def test_python(version: str, tests: Sequence[str] = (), no_pip_config: bool = F
     Python ``version``; 0 if both pass."""
     root = checkout()
     python = venv_python(python_venv(version, root, no_pip_config))
+    t0 = time.perf_counter()
     demo = subprocess.run([str(python), "-m", "ddp_tutorial", "--world-size", "2"], cwd=root,
                           capture_output=True, text=True, timeout=600)
-    print(f"$ {python} -m ddp_tutorial --world-size 2: exit {demo.returncode}", flush=True)
+    print(f"$ {python} -m ddp_tutorial --world-size 2: exit {demo.returncode}, "
+          f"{time.perf_counter() - t0:.1f} s wall", flush=True)
+    if demo.returncode:
+        print("\n".join((demo.stdout + demo.stderr).splitlines()[-20:]), flush=True)
     result = run_tests(python, root, tests)
     print(f"Python {version}, torch {torch_in(python)}: {result['summary']} (exit {result['returncode']}, "
           f"{result['seconds']:.0f} s wall)", flush=True)

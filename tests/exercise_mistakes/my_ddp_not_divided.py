@@ -44,7 +44,10 @@ class MyDDP(torch.nn.Module):
             handle.wait()  # before the optimizer reads the gradients
             for p, part in zip(self.buckets[i], flat.split([q.numel() for q in self.buckets[i]])):
                 p.grad.copy_(part.view_as(p.grad))
+        unfinished = sum(a < len(b) for a, b in zip(self.arrived, self.buckets))
         self.launched, self.arrived = [], [0] * len(self.buckets)
+        if unfinished:  # a parameter no forward used: its bucket never launched
+            raise RuntimeError(f"{unfinished} bucket(s) never got all their gradients")
 
     @contextlib.contextmanager
     def no_sync(self):

@@ -1,19 +1,39 @@
 """Judge exercise "my_ddp": a learner's MyDDP against torch's DDP, from what the harness measured at W = 2 and 4.
 
 The harness (``workers/my_ddp_harness.py``) reports per rank: the construction
-(``construct``), three trainings with caps forcing 1, 2 and 3 buckets (``train``)
-and a no_sync accumulation (``no_sync``), each beside DDP on the same batches,
-and every all-reduce the moment it was launched (``launch``). Each criterion is
-judged on both runs; a failure names the mistake its measurement matches. No torch here.
+(``construct``), three trainings with the caps of ``CAPS`` (``train``), a no_sync
+accumulation (``no_sync``), a model with a parameter no forward uses (``unused``),
+each beside DDP on the same batches, every collective the moment it was called
+(``launch``), and a ``mismatch`` where the ranks' collectives part. Each criterion
+is judged on both runs; a failure names the mistake its measurement matches, and a
+criterion that one mistake upsets as a side effect says "not measured" rather than
+a second, false diagnosis. No torch here.
+
+What the exercise asks, where torch's DDP does otherwise:
+
+- buckets: filled in one fixed order of the trainable parameters, a new bucket once the next
+  gradient would pass the cap. DDP closes a bucket once it *reaches or passes* the cap
+  (``compute_bucket_assignment_by_size``, reducer.cpp), so its buckets can exceed it; either rule,
+  in any order that is the same on every rank, passes. (DDP also puts every gradient in one
+  bucket for its first iteration, then rebuilds them in the order gradients arrived.)
+- overlap: an all-reduce overlaps if it was launched, asynchronously, while backward still
+  had gradients to produce, and not waited for before backward's end.
+- buffers: broadcast from rank 0 at construction (DDP also does it before every forward,
+  ``broadcast_buffers=True``; the toy model's buffer never changes, so both give the same).
+- a trainable parameter no forward uses: MyDDP raises (on every rank), as DDP raises "Expected
+  to have finished reduction in the prior iteration" at the next forward
+  (``Reducer::ensure_prior_reduction_finished``); a class that handles it instead, leaving the
+  result ``DDP(find_unused_parameters=True)`` gives, passes too. Silence with un-averaged gradients fails.
 """
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from ddp_tutorial.exercises.judge.common import (NOT_MEASURED, Criterion, max_difference, not_measured, ran_to_end,
-                                                ranks_text)
+from ddp_tutorial.exercises.judge.common import (Criterion, max_difference, not_measured, plural,
+                                                 ran_to_end, ranks_text)
 from ddp_tutorial.exercises.runs import HarnessRun
 
 HARNESS = Path(__file__).resolve().parent.parent / "workers" / "my_ddp_harness.py"
@@ -21,15 +41,25 @@ WORLD_SIZES = (2, 4)
 #: Parameters closer than this to DDP's count as equal. Measured (notebook 11): W = 2 is bit-identical;
 #: at W = 4 the order of the 4-way sum differs and the parameters differ by about 1.5e-8 after 5 steps.
 TOLERANCE = 1e-6
+#: Gradients closer than this to this rank's own (unsynchronised) ones are those: the same ops on the same
+#: values give the same bits; another rank's batch moves them by about 1e-2.
+SAME_GRAD = 1e-7
 STEPS = 3
+#: The caps the harness trains with, in bytes (its CAP_BYTES).
+CAPS = (2**20, 900, 500)
 
 RAN = "runs to the end on every rank, at W = 2 and W = 4"
-BROADCAST = "construction: every rank starts from rank 0's parameters (a broadcast)"
+BROADCAST = "construction: every rank starts from rank 0's parameters and buffers (a broadcast)"
 SAME = (f"parameters after {STEPS} SGD steps equal torch's DDP within {TOLERANCE:g} (tied weights, a frozen bias, "
-        "a requires_grad=False parameter; caps forcing 1, 2 and 3 buckets)")
-OVERLAP = "overlap: all-reduces launched during backward, from hooks"
+        "a requires_grad=False parameter, a buffer; caps of 1 MiB, 900 and 500 bytes)")
+BUCKETS = ("buckets follow bucket_cap_mb: a new bucket once the next gradient would pass the cap (DDP's rule, "
+           "closing a bucket once it reaches or passes the cap, passes too)")
+OVERLAP = ("overlap: all-reduces launched with async_op=True while backward still had gradients to produce, "
+           "waited for after it")
 NO_SYNC = "no_sync() skips the all-reduce, and the next backward syncs the sum"
-ORDER = "every rank launches the same all-reduces in the same order"
+UNUSED = ("a trainable parameter no forward uses: an error on every rank (as torch's DDP raises), "
+          "never un-averaged gradients in silence")
+ORDER = "every rank calls the same collectives in the same order"
 
 HINT = ("In __init__: dist.broadcast(t, src=0) for every parameter and buffer (under torch.no_grad()). Then the "
         "buckets: walk reversed([p for p in module.parameters() if p.requires_grad]) (a list: the same order on "
@@ -37,7 +67,9 @@ HINT = ("In __init__: dist.broadcast(t, src=0) for every parameter and buffer (u
         "p.register_post_accumulate_grad_hook(fn) calls fn(p) once p.grad is complete: count the bucket's arrivals, "
         "and at its last one torch.cat its gradients, divide by the world size, and keep the handle of "
         "dist.all_reduce(flat, async_op=True). Touch flat no more until finish_gradient_synchronization() has "
-        "waited for the handle; then copy its pieces back into each p.grad. no_sync(): a flag the hook reads.")
+        "waited for the handle; then copy its pieces back into each p.grad, and reset the counts for the next "
+        "step. A bucket whose gradients did not all arrive (a parameter no forward used): raise an error there. "
+        "no_sync(): a flag the hook reads.")
 
 
 def _records(run: HarnessRun, event: str) -> Dict[int, List[dict]]:
@@ -48,12 +80,73 @@ def _error_text(runs: List[HarnessRun]) -> str:
     return " ".join(str((run.final(r) or {}).get("error") or "") for run in runs for r in run.ranks)
 
 
+def _bytes(n: int) -> str:
+    return "1 MiB" if n == 2**20 else f"{n:,} bytes"
+
+
+def _caps_text(caps: Sequence[int]) -> str:
+    names = [_bytes(c) for c in caps]
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+
+
+# -- Collectives that part the ranks ----------------------------------------------------------------------
+def _call_text(call) -> str:
+    op, nbytes = call
+    return f"{op} of {nbytes:,} bytes" if nbytes is not None else op
+
+
+def _mismatch(runs: List[HarnessRun]) -> Optional[Tuple[HarnessRun, dict]]:
+    """Where the ranks' collectives parted: the harness's ``mismatch`` (its watchdog, or a segment's end), else
+    the first difference in the calls each rank reported (gloo may abort a rank before the watchdog speaks)."""
+    for run in runs:
+        for r in run.ranks:
+            found = run.events(r, "mismatch")
+            if found:
+                return run, found[0]
+    for run in runs:
+        launches = {r: [(e["case"], e.get("op", "all_reduce"), e["bytes"]) for e in run.events(r, "launch")]
+                    for r in run.ranks}
+        for i in range(min(len(v) for v in launches.values())):
+            if len({v[i] for v in launches.values()}) > 1:
+                return run, {"segment": launches[0][i][0], "index": i,
+                             "peers": {r: [list(c[1:]) for c in v[:i + 1]] for r, v in launches.items()}}
+    return None
+
+
+def _mismatch_text(run: HarnessRun, event: dict) -> str:
+    at, peers = event["index"], {int(r): s for r, s in event["peers"].items()}
+    at_index = {r: (tuple(s[at]) if at < len(s) else None) for r, s in sorted(peers.items())}
+    made = ", ".join(f"rank {r}: {_call_text(c) if c else 'none'}" for r, c in at_index.items())
+    where = f"W = {run.world_size}, {event['segment']}: collective #{at + 1} differs ({made})"
+    calls = [c for c in at_index.values() if c]
+    if len(calls) == len(at_index) and len({c[0] for c in calls}) == 1 and calls[0][0] == "all_reduce":
+        return (where + ". Buckets built in an order that differs across ranks (from a set, or sorted by id()): the "
+                "k-th all-reduce of every rank is summed together, so they sum the wrong tensors, or wait for ever. "
+                "Build them from module.parameters(), a list in the same order everywhere")
+    missing = [r for r, c in at_index.items() if c is None]
+    if missing:
+        callers = [r for r, c in at_index.items() if c is not None]
+        return (where + f": {ranks_text(callers)} called {_call_text(at_index[callers[0]])}, which "
+                f"{ranks_text(missing)} never called in that step. A collective waits until every rank of the group "
+                "calls it: call it on every rank (no `if rank == 0:` around dist.broadcast; src=0 already says who "
+                "sends). Stopped here, instead of at gloo's timeout")
+    return (where + ": the ranks called different collectives at the same point, so each waits for a call its peers "
+            "never make. Every rank must make the same collectives in the same order")
+
+
 def ran(runs: List[HarnessRun]) -> Criterion:
+    found = _mismatch(runs)
+    if found:
+        run, event = found
+        return Criterion(RAN, False, f"W = {run.world_size}: stopped in {event['segment']}: the ranks called "
+                                     f"different collectives (see '{ORDER}')")
     problems = []
     for run in runs:
         c = ran_to_end(run, RAN)
         if not c.passed:
-            problems.append(f"W = {run.world_size}: {c.detail}")
+            where = {r: run.events(r, "segment")[-1]["name"] for r in run.ranks if run.events(r, "segment")}
+            at = f" (in {', '.join(f'rank {r}: {w}' for r, w in where.items())})" if run.timed_out and where else ""
+            problems.append(f"W = {run.world_size}{at}: {c.detail}")
     if not problems:
         return Criterion(RAN, True, ", ".join(f"W = {r.world_size}: {r.seconds:.1f} s" for r in runs))
     errors = _error_text(runs)
@@ -71,6 +164,13 @@ def broadcast(runs: List[HarnessRun]) -> Criterion:
         if len(built) < run.world_size:
             return not_measured(BROADCAST, run)
         differ = [r for r, b in built.items() if b["after"] != b["rank0"]]
+        if differ and any(b["broadcasts"] for b in built.values()) and not any(
+                b.get("broadcasts_on_module") for b in built.values()):
+            return Criterion(BROADCAST, False, (
+                f"W = {run.world_size}: {built[differ[0]]['broadcasts']} broadcasts, none of them of the module's "
+                f"own tensors, and {ranks_text(differ)} still differ{'s' if len(differ) == 1 else ''} from rank 0: "
+                "the broadcasts went to a copy. Broadcast the parameters and buffers of the module MyDDP was "
+                "given, in place"))
         if differ:
             none = all(b["broadcasts"] == 0 for b in built.values())
             return Criterion(BROADCAST, False, (
@@ -79,9 +179,37 @@ def broadcast(runs: List[HarnessRun]) -> Criterion:
                 + (": no broadcast at construction. dist.broadcast(t, src=0) every parameter and buffer in __init__"
                    if none else f" ({built[differ[0]]['broadcasts']} broadcasts made): broadcast every parameter "
                    "and buffer from src=0, in place")))
+        differ = [r for r, b in built.items() if b["buffers_after"] != b["buffers_rank0"]]
+        if differ:
+            names = ", ".join(built[differ[0]]["buffers"])
+            return Criterion(BROADCAST, False, (
+                f"W = {run.world_size}: the parameters are rank 0's, but the buffer ({names}) of "
+                f"{ranks_text(differ)} still differs from rank 0's: buffers not broadcast. Broadcast "
+                "module.buffers() too, as torch's DDP does (at construction, and before every forward)"))
     n = runs[0].events(0, "construct")[-1]["broadcasts"]
-    return Criterion(BROADCAST, True, f"every rank equal to rank 0 after construction ({n} broadcasts), at W = "
-                                      + " and ".join(str(r.world_size) for r in runs))
+    return Criterion(BROADCAST, True, f"every rank equal to rank 0 after construction, parameters and buffer "
+                                      f"({n} broadcasts), at W = " + " and ".join(str(r.world_size) for r in runs))
+
+
+# -- Training ---------------------------------------------------------------------------------------------
+def _trains(run: HarnessRun) -> Optional[Dict[int, List[dict]]]:
+    trains = _records(run, "train")
+    return None if any(len(t) < len(CAPS) for t in trains.values()) else trains
+
+
+def _never_reset(trains: Dict[int, List[dict]]) -> Optional[str]:
+    """Launches that stop after each training's first step: per-step state that is never reset."""
+    for recs in trains.values():
+        counts = {t["cap"]: [len(s["all_reduces"]) for s in t["steps"]] for t in recs}
+        if any(c[0] and min(c[1:]) < c[0] for c in counts.values()):
+            made = sum(sum(c) for c in counts.values())
+            expected = sum(c[0] * len(c) for c in counts.values())
+            shown = "; ".join(f"{c} at {_bytes(cap)}" for cap, c in counts.items())
+            return (f"all-reduces per step {shown}: {made} launched over the {sum(len(c) for c in counts.values())} "
+                    f"steps against {expected}. After the first step fewer buckets are launched: reset the "
+                    "per-step state (arrival counts, launched handles) in finish_gradient_synchronization(), "
+                    "ready for the next backward")
+    return None
 
 
 def _train_issue(run: HarnessRun, trains: Dict[int, List[dict]], hooked: Tuple[int, int]) -> Optional[str]:
@@ -103,6 +231,19 @@ def _train_issue(run: HarnessRun, trains: Dict[int, List[dict]], hooked: Tuple[i
     if steps and all(not s["all_reduces"] for s in steps) and hooked[0] == 0:
         return (f"hooks registered on another model: MyDDP registered {hooked[1]} hooks, none on the module it was "
                 "given, and no all-reduce ran. Keep self.module = module (not a copy) and hook its parameters")
+    reset = _never_reset(trains)
+    if reset:
+        return reset
+    gaps = [t["gaps"] for recs in trains.values() for t in recs if t.get("gaps")]
+    if gaps and any(s["all_reduces"] for s in steps) and all(g["local_to_ddp"] > 100 * SAME_GRAD for g in gaps):
+        if all(g["to_local"] <= SAME_GRAD for g in gaps):
+            return ("the all-reduced values never reach p.grad: after finish_gradient_synchronization() every "
+                    "rank's gradients are still its own, bit for bit, though all-reduces ran. Copy each "
+                    "bucket's averaged values back into its parameters' p.grad after the wait")
+        if all(g["to_local_over_w"] <= SAME_GRAD for g in gaps):
+            return (f"the all-reduced values never reach p.grad: after finish_gradient_synchronization() every "
+                    f"rank's gradients are its own divided by {w}, not the average. Copy each bucket's averaged "
+                    "values back into its parameters' p.grad after the wait")
     ratios = [t["grad_ratio"] for recs in trains.values() for t in recs if t["grad_ratio"] == t["grad_ratio"]]
     if ratios:
         ratio = sorted(ratios)[len(ratios) // 2]
@@ -115,11 +256,15 @@ def _train_issue(run: HarnessRun, trains: Dict[int, List[dict]], hooked: Tuple[i
     return None
 
 
+def _same_failed(runs: List[HarnessRun]) -> bool:
+    return not same_as_ddp(runs).passed
+
+
 def same_as_ddp(runs: List[HarnessRun]) -> Criterion:
     worst = 0.0
     for run in runs:
-        trains = _records(run, "train")
-        if any(len(t) < 3 for t in trains.values()):
+        trains = _trains(run)
+        if trains is None:
             return not_measured(SAME, run)
         diff = max(max_difference(t["final"], t["ddp_final"]) for recs in trains.values() for t in recs)
         racy = any(s["not_waited"] or s["changed_after_launch"] for recs in trains.values() for t in recs
@@ -131,25 +276,138 @@ def same_as_ddp(runs: List[HarnessRun]) -> Criterion:
             detail = f"W = {run.world_size}: the parameters differ from DDP's by up to {diff:.3g}"
             return Criterion(SAME, False, detail + (f": {issue}" if issue else ""))
         worst = max(worst, diff)
-    return Criterion(SAME, True, f"max difference {worst:.2g} at W = 2 and 4, with 1, 2 and 3 buckets")
+    return Criterion(SAME, True, f"max difference {worst:.2g} at W = 2 and 4, at caps of {_caps_text(CAPS)}")
 
 
-def overlap(runs: List[HarnessRun]) -> Criterion:
+# -- Buckets ----------------------------------------------------------------------------------------------
+def fill_at_most(sizes: Sequence[int], cap: float) -> List[int]:
+    """Buckets filled in this order, a new one when the next gradient would pass the cap (the exercise's rule)."""
+    buckets: List[int] = []
+    for size in sizes:
+        if buckets and buckets[-1] + size <= cap:
+            buckets[-1] += size
+        else:
+            buckets.append(size)
+    return buckets
+
+
+def fill_reaching(sizes: Sequence[int], cap: float) -> List[int]:
+    """DDP's rule: a bucket closes once it reaches or passes the cap (reducer.cpp,
+    ``compute_bucket_assignment_by_size``: ``if (bucket.size >= bucket_size_limit)``)."""
+    buckets: List[int] = [0]
+    for size in sizes:
+        buckets[-1] += size
+        if buckets[-1] >= cap:
+            buckets.append(0)
+    return [b for b in buckets if b]
+
+
+def layouts(sizes: Sequence[int], cap: int) -> set:
+    """Every bucket layout (sizes, sorted) that filling in some order of the parameters gives, by either rule;
+    a cap read as 10**6 bytes per MB as well (CAPS keep that from changing any layout, but it is no mistake)."""
+    found = set()
+    for limit in (cap, cap / 2**20 * 10**6):
+        for order in itertools.permutations(sizes):
+            found.add(tuple(sorted(fill_at_most(order, limit))))
+            found.add(tuple(sorted(fill_reaching(order, limit))))
+    return found
+
+
+def buckets(runs: List[HarnessRun]) -> Criterion:
+    seen = None
     for run in runs:
-        trains = _records(run, "train")
-        if any(len(t) < 3 for t in trains.values()):
+        trains = _trains(run)
+        if trains is None:
+            return not_measured(BUCKETS, run)
+        for r, recs in trains.items():
+            first = {t["cap"]: t["steps"][0] for t in recs}
+            if any("param" in s["kinds"] for s in first.values()):
+                return not_measured(BUCKETS, run, f"the all-reduces are of parameters, not gradients (see '{SAME}')")
+            if not any(s["all_reduces"] for s in first.values()):
+                return not_measured(BUCKETS, run, "no all-reduce of gradients was launched")
+            if not any(s["launched_in_backward"] or s["in_last_hook"] for s in first.values()):
+                # Buckets are what hooks launch during backward; after it, the one diagnosis is overlap's.
+                return not_measured(BUCKETS, run, f"every all-reduce was launched after backward (see '{OVERLAP[:8]}')")
+            sizes = recs[0]["param_bytes"]
+            made = {cap: s["all_reduces"] for cap, s in first.items()}
+            counts = {cap: len(v) for cap, v in made.items()}
+            where = f"W = {run.world_size}, rank {r}: "
+            caps = _caps_text(list(made))
+            if len(set(counts.values())) == 1:
+                n = counts[CAPS[0]]
+                if n == 1:
+                    return Criterion(BUCKETS, False, where + f"one all-reduce a step at every cap ({caps}): "
+                                     "bucket_cap_mb is ignored, every gradient in one bucket. Start a new bucket "
+                                     "when the next gradient would pass the cap")
+                if n == len(sizes):
+                    return Criterion(BUCKETS, False, where + f"one all-reduce per parameter at every cap ({n} a step "
+                                     f"at {caps}): bucket_cap_mb is ignored. Put the gradients in buckets of up "
+                                     "to the cap, one all-reduce per bucket")
+                return Criterion(BUCKETS, False, where + f"{n} all-reduces a step at every cap ({caps}): the "
+                                 "buckets do not follow bucket_cap_mb")
+            for cap, got in made.items():
+                if sum(got) != sum(sizes):
+                    return Criterion(BUCKETS, False, where + f"at a cap of {_bytes(cap)} a step all-reduced "
+                                     f"{sum(got):,} bytes of gradients ({got}), the trainable gradients are "
+                                     f"{sum(sizes):,}: each trainable gradient belongs in exactly one bucket")
+                if tuple(sorted(got)) not in layouts(sizes, cap):
+                    reverse = list(reversed(sizes))
+                    return Criterion(BUCKETS, False, where + (
+                        f"at a cap of {_bytes(cap)}: all-reduces of {got} bytes. The gradients ({sizes} bytes, "
+                        f"in registration order) filled up to the cap give {fill_at_most(reverse, cap)} in "
+                        f"reverse order (a new bucket when the next gradient would pass the cap), or "
+                        f"{fill_reaching(reverse, cap)} by DDP's rule (a bucket closes once it reaches or passes "
+                        "the cap)"))
+            seen = seen or counts
+    shown = ", ".join(f"{n} at {_bytes(cap)}" for cap, n in seen.items())
+    return Criterion(BUCKETS, True, f"buckets per step: {shown}, each a layout the cap gives")
+
+
+# -- Overlap ----------------------------------------------------------------------------------------------
+def overlap(runs: List[HarnessRun]) -> Criterion:
+    total = {"in": 0, "all": 0}
+    for run in runs:
+        trains = _trains(run)
+        if trains is None:
             return not_measured(OVERLAP, run)
-        launched = {r: sum(s["launched_in_backward"] for t in recs for s in t["steps"]) for r, recs in trains.items()}
-        late = [r for r, n in launched.items() if n == 0]
-        if late:
-            return Criterion(OVERLAP, False, (
-                f"W = {run.world_size}: {ranks_text(late)} launched no all-reduce before backward's last gradient: "
-                "the all-reduces run after backward, so none is hidden. Launch them from "
-                "p.register_post_accumulate_grad_hook, with async_op=True"))
-    n = sum(s["launched_in_backward"] for t in runs[0].events(0, "train") for s in t["steps"])
-    return Criterion(OVERLAP, True, f"rank 0 at W = 2 launched {n} all-reduces before backward's last gradient")
+        for r, recs in trains.items():
+            sizes = recs[0]["param_bytes"]
+            steps = [(t["cap"], k, s) for t in recs if t["cap"] < sum(sizes) for k, s in enumerate(t["steps"])
+                     if s["launched_in_backward"] or s["in_last_hook"] or s["after_backward"]]
+            if not steps:
+                return not_measured(OVERLAP, run, "no all-reduce was launched")
+            if r == 0 and run is runs[0]:
+                total = {"in": sum(s["overlapping"] for _, _, s in steps),
+                         "all": sum(len([o for o in s["ops"] if o == "all_reduce"]) for _, _, s in steps)}
+            late = [(cap, k, s) for cap, k, s in steps if not s["overlapping"]]
+            if not late:
+                continue
+            cap, k, s = late[0]
+            made = len([o for o in s["ops"] if o == "all_reduce"])
+            where = (f"W = {run.world_size}, rank {r}, cap {_bytes(cap)}, step {k}: {s['overlapping']} of {made} "
+                     "all-reduces overlap backward")
+            if s["blocking_in_backward"]:
+                why = ("blocking all-reduces (no async_op=True) during backward: backward stops until each is done, "
+                       "so nothing runs beside it. Launch with async_op=True and wait in "
+                       "finish_gradient_synchronization()")
+            elif s["waited_in_backward"]:
+                why = ("the all-reduces were waited for during backward (handle.wait() in the hook): backward "
+                       "stops there. Keep the handles; wait in finish_gradient_synchronization()")
+            elif s["in_last_hook"] and not s["after_backward"]:
+                why = (f"{plural(s['in_last_hook'], 'all-reduce')} launched in the last gradient's hook, once backward "
+                       "had produced every gradient: nothing is left for them to overlap. Launch each bucket from "
+                       "the hook of its own last gradient, while backward still computes the others")
+            else:
+                why = (f"{plural(s['after_backward'], 'all-reduce')} launched after backward returned (in "
+                       "finish_gradient_synchronization()): nothing overlaps. Launch them during backward, from "
+                       "p.register_post_accumulate_grad_hook, with async_op=True")
+            return Criterion(OVERLAP, False, f"{where}: {why}")
+    return Criterion(OVERLAP, True, (f"rank 0 at W = 2: {total['in']} of {total['all']} all-reduces at the caps that "
+                                     "make several buckets were launched while backward still had gradients to "
+                                     "produce (counted by a hook that runs before the class's)"))
 
 
+# -- no_sync, the unused parameter, the order -------------------------------------------------------------
 def no_sync(runs: List[HarnessRun]) -> Criterion:
     for run in runs:
         recs = {r: v[-1] for r, v in _records(run, "no_sync").items() if v}
@@ -160,8 +418,20 @@ def no_sync(runs: List[HarnessRun]) -> Criterion:
             return Criterion(NO_SYNC, False, f"W = {run.world_size}: all-reduces per micro-batch {counts}: the "
                                              "backward inside no_sync() still all-reduced. Let no_sync() set a flag "
                                              "the hooks read, and skip the launch while it is set")
+        trains = _trains(run)
+        if not counts[-1]:
+            if trains and not any(s["all_reduces"] for t in trains[0] for s in t["steps"]):
+                return not_measured(NO_SYNC, run, f"no all-reduce at all (see '{SAME}')")
+            return Criterion(NO_SYNC, False, f"W = {run.world_size}: all-reduces per micro-batch {counts}: the "
+                                             "backward after no_sync() all-reduced nothing, though training steps "
+                                             "do. The arrivals counted inside no_sync() must not count: count "
+                                             "only while syncing")
         diff = max(max_difference(r["final"], r["ddp_final"]) for r in recs.values())
-        if not counts[-1] or diff > TOLERANCE:
+        if diff > TOLERANCE:
+            if _same_failed(runs):
+                return not_measured(NO_SYNC, run, f"all-reduces per micro-batch {counts}, as they should be; whether "
+                                                  f"the sum is right cannot be told while training differs from "
+                                                  f"DDP's (see '{SAME[:40]}...')")
             return Criterion(NO_SYNC, False, f"W = {run.world_size}: all-reduces per micro-batch {counts}, "
                                              f"parameters differ from DDP's by {diff:.3g}: the backward after "
                                              "no_sync() must all-reduce the accumulated sum")
@@ -169,27 +439,68 @@ def no_sync(runs: List[HarnessRun]) -> Criterion:
                                     "the parameters equal DDP's no_sync()")
 
 
-def same_order(runs: List[HarnessRun]) -> Criterion:
+def unused(runs: List[HarnessRun]) -> Criterion:
+    answers = []
     for run in runs:
-        launches = {r: [(e["case"], e["step"], e["bytes"]) for e in run.events(r, "launch")] for r in run.ranks}
+        recs = {r: v[-1] for r, v in _records(run, "unused").items() if v}
+        if len(recs) < run.world_size:
+            stuck = [r for r in run.still_running
+                     if run.events(r, "segment") and "unused" in run.events(r, "segment")[-1]["name"]]
+            if run.timed_out and stuck:
+                return Criterion(UNUSED, False, (
+                    f"W = {run.world_size}: {ranks_text(stuck)} still waiting at the check's deadline "
+                    f"({run.timeout:.0f} s) in {run.events(stuck[0], 'segment')[-1]['name']}: a parameter no forward "
+                    "uses never gets a gradient, so waiting for it never ends. Raise an error instead "
+                    "(in finish_gradient_synchronization(), where its bucket is still missing)"))
+            return not_measured(UNUSED, run)
+        raised = {r: rec["raised"] for r, rec in recs.items() if rec["raised"]}
+        if raised and len(raised) < run.world_size:
+            return Criterion(UNUSED, False, f"W = {run.world_size}: only {ranks_text(sorted(raised))} raised; every "
+                                            "rank must, or the others wait in their next collective")
+        if raised:
+            first = raised[min(raised)]
+            answers.append(f"W = {run.world_size}: raised at step {first['step']} on every rank "
+                           f"({first['type']}: {first['message'][:90]})")
+            continue
+        diff = max(max_difference(r["final"], r["ddp_final"]) for r in recs.values())
+        if diff <= TOLERANCE:
+            answers.append(f"W = {run.world_size}: no error, and the parameters equal "
+                           "DDP(find_unused_parameters=True)'s")
+            continue
+        if _same_failed(runs):
+            return not_measured(UNUSED, run, f"no error, and the parameters differ from DDP's; so does training "
+                                             f"(see '{SAME[:40]}...')")
+        rec = recs[0]
+        made = sum(sum(s["all_reduces"]) for s in rec["steps"]) // max(1, len(rec["steps"]))
+        return Criterion(UNUSED, False, (
+            f"W = {run.world_size}: no error, and after 2 steps the parameters differ from DDP's by {diff:.3g}. "
+            f"A parameter no forward uses gets no gradient, so its bucket was never all-reduced "
+            f"({made:,} of {rec['trainable_bytes']:,} bytes of gradients a step were) and the other gradients in it "
+            "stayed each rank's own. In finish_gradient_synchronization(), raise an error when a bucket was "
+            "not launched (torch's DDP raises)"))
+    return Criterion(UNUSED, True, "; ".join(answers))
+
+
+def same_order(runs: List[HarnessRun]) -> Criterion:
+    found = _mismatch(runs)
+    if found:
+        return Criterion(ORDER, False, _mismatch_text(*found))
+    compared = 0
+    for run in runs:
+        launches = {r: [(e["case"], e.get("op", "all_reduce"), e["bytes"]) for e in run.events(r, "launch")]
+                    for r in run.ranks}
         shortest = min(len(v) for v in launches.values())
-        for i in range(shortest):
-            at = {r: v[i] for r, v in launches.items()}
-            if len(set(at.values())) > 1:
-                sizes = ", ".join(f"rank {r}: {b[2]} bytes" for r, b in at.items())
-                return Criterion(ORDER, False, (
-                    f"W = {run.world_size}: all-reduce #{i + 1} ({at[0][0]}, step {at[0][1]}) differs: {sizes}. "
-                    "Buckets built in an order that differs across ranks (from a set, or sorted by id()): the k-th "
-                    "all-reduce of every rank is summed together, so they sum the wrong tensors, or wait for ever. "
-                    "Build them from module.parameters(), a list in the same order everywhere"))
         if not run.finished and len({len(v) for v in launches.values()}) > 1:
             counts = ", ".join(f"rank {r}: {len(v)}" for r, v in launches.items())
-            return Criterion(ORDER, False, f"W = {run.world_size}: all-reduces launched {counts}: a rank launched "
+            return Criterion(ORDER, False, f"W = {run.world_size}: collectives called {counts}: a rank called "
                                            "one its peers never did")
-    if not any(run.events(r, "launch") for run in runs for r in run.ranks):  # nothing to compare: no ✓
-        return Criterion(ORDER, False, f"{NOT_MEASURED}no rank launched an all-reduce from a gradient hook")
-    return Criterion(ORDER, True, "the same sizes in the same order on every rank")
+        compared += sum(1 for c in launches[0][:shortest] if c[1] == "all_reduce")
+    if not compared:
+        return not_measured(ORDER, runs[0], "no rank launched an all-reduce: there is no order to compare")
+    return Criterion(ORDER, True, f"the same collectives, sizes and order on every rank ({compared} all-reduces "
+                                  "compared)")
 
 
 def judge_my_ddp(runs: List[HarnessRun]) -> List[Criterion]:
-    return [ran(runs), broadcast(runs), same_as_ddp(runs), overlap(runs), no_sync(runs), same_order(runs)]
+    return [ran(runs), broadcast(runs), same_as_ddp(runs), buckets(runs), overlap(runs), no_sync(runs),
+            unused(runs), same_order(runs)]

@@ -8,6 +8,7 @@ Then, in the notebook:
     exercises.check("sampler")
 """
 
+import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler  # noqa: F401 (you will need it)
@@ -25,6 +26,10 @@ try:
     for epoch in range(task.EPOCHS):
         # TODO 2: make this epoch's shuffle new, and the same on every rank.
         seen = sum(len(x) for x, y in loader)
-        print(f"rank {rank}, epoch {epoch}: read {seen} of {len(dataset)} samples")
+        # Summed over the ranks (an all-reduce): the whole dataset once, if the shards are right. A
+        # collective also keeps every rank until all have joined: init_process_group does not wait for all.
+        together = torch.tensor(seen)
+        dist.all_reduce(together)
+        print(f"rank {rank}, epoch {epoch}: read {seen} of {len(dataset)} samples, {together.item()} together")
 finally:
     dist.destroy_process_group()

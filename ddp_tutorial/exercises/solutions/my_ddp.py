@@ -1,4 +1,17 @@
-"""Exercise "my_ddp", solved: broadcast at construction, gradients in buckets all-reduced from hooks."""
+"""Exercise "my_ddp", solved: broadcast at construction, gradients in buckets all-reduced from hooks.
+
+Buckets are filled in reverse registration order, and a new bucket starts when the next gradient would
+pass the cap (torch's DDP closes a bucket once it reaches or passes the cap instead, so its buckets can
+exceed it: ``compute_bucket_assignment_by_size`` in reducer.cpp; the check accepts either rule).
+
+A trainable parameter that gets no gradient in a backward (no forward used it) leaves its bucket
+unlaunched: finish_gradient_synchronization() raises, naming it, as torch's DDP raises "Expected to have
+finished reduction in the prior iteration" at the next forward (``Reducer::ensure_prior_reduction_finished``).
+Without the error the other gradients of that bucket would stay un-averaged and the ranks drift apart.
+
+A failed all-reduce (a peer gone, gloo's timeout) raises from ``handle.wait()``: this rank never steps
+on its own gradients.
+"""
 
 import contextlib
 
@@ -22,10 +35,12 @@ class MyDDP(torch.nn.Module):
                 size = 0
             self.buckets[-1].append(p)
             size += p.numel() * p.element_size()
-        self.bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
-        self.arrived, self.launched = [0] * len(self.buckets), []
-        for p in self.bucket_of:
-            p.register_post_accumulate_grad_hook(self._arrive)
+        self.names = {id(p): name for name, p in module.named_parameters()}
+        self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self.arrived, self.launched = [set() for _ in self.buckets], []
+        for bucket in self.buckets:
+            for p in bucket:
+                p.register_post_accumulate_grad_hook(self._arrive)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -33,18 +48,26 @@ class MyDDP(torch.nn.Module):
     def _arrive(self, p):
         if not self.sync:
             return
-        i = self.bucket_of[p]
-        self.arrived[i] += 1
-        if self.arrived[i] == len(self.buckets[i]):  # the bucket's last gradient: launch it now
+        i = self.bucket_of[id(p)]
+        self.arrived[i].add(id(p))
+        if len(self.arrived[i]) == len(self.buckets[i]):  # the bucket's last gradient: launch it now
             flat = torch.cat([q.grad.reshape(-1) for q in self.buckets[i]]).div_(self.world_size)
             self.launched.append((i, flat, dist.all_reduce(flat, async_op=True)))
 
     def finish_gradient_synchronization(self):
-        for i, flat, handle in self.launched:
-            handle.wait()  # before the optimizer reads the gradients
+        launched, arrived = self.launched, self.arrived
+        self.launched, self.arrived = [], [set() for _ in self.buckets]  # the next step starts afresh
+        for i, flat, handle in launched:
+            handle.wait()  # before the optimizer reads the gradients; raises if the all-reduce failed
             for p, part in zip(self.buckets[i], flat.split([q.numel() for q in self.buckets[i]])):
                 p.grad.copy_(part.view_as(p.grad))
-        self.launched, self.arrived = [], [0] * len(self.buckets)
+        missing = [self.names[id(p)] for i, bucket in enumerate(self.buckets) for p in bucket
+                   if id(p) not in arrived[i]]
+        if missing:
+            raise RuntimeError(f"MyDDP: no gradient for {', '.join(missing)} in this backward, so "
+                               f"{len(self.buckets) - len(launched)} bucket(s) were never all-reduced. Every "
+                               "trainable parameter must take part in the loss (torch's DDP raises too, unless "
+                               "find_unused_parameters=True)")
 
     @contextlib.contextmanager
     def no_sync(self):

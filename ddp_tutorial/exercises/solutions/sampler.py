@@ -1,5 +1,6 @@
 """Exercise "sampler", solved: DistributedSampler shards the data, set_epoch reshuffles it."""
 
+import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
@@ -18,6 +19,10 @@ try:
     for epoch in range(task.EPOCHS):
         sampler.set_epoch(epoch)  # the permutation comes from seed + epoch: without it, epoch 0's repeats
         seen = sum(len(x) for x, y in loader)
-        print(f"rank {rank}, epoch {epoch}: read {seen} of {len(dataset)} samples")
+        # Summed over the ranks (an all-reduce): the whole dataset once, if the shards are right. A
+        # collective also keeps every rank until all have joined: init_process_group does not wait for all.
+        together = torch.tensor(seen)
+        dist.all_reduce(together)
+        print(f"rank {rank}, epoch {epoch}: read {seen} of {len(dataset)} samples, {together.item()} together")
 finally:
     dist.destroy_process_group()

@@ -3,33 +3,48 @@
     python rank/bootstrap.py my_ddp_harness.py my_ddp SCRIPT
 
 Loads SCRIPT as a module (its ``MyDDP``), joins the group ``launch`` set up, and
-runs, beside ``DistributedDataParallel`` on the same model and batches:
+runs, beside ``DistributedDataParallel`` (on a group of its own, so that its
+collectives never meet the class's) on the same model and batches:
 
 - ``construct``: the model built from this rank's own seed, then wrapped: the
-  digest of its parameters (must become rank 0's), and the broadcasts made;
-- ``train`` for each bucket cap of ``CAPS`` (1, 2 and 3 buckets of the toy model):
-  ``STEPS`` SGD steps; every all-reduce the class launches (its size, which
-  tensor: a gradient, a parameter's data, or another buffer, whether it was
-  launched before backward's last gradient, whether its handle was waited for,
-  whether its tensor changed between launch and wait), the step-0 gradients'
-  ratio to DDP's, the final parameters and DDP's;
-- ``no_sync``: ``K`` micro-batches, the first K-1 inside ``no_sync()``: the
-  all-reduces per micro-batch, the final parameters and DDP's.
+  digests of its parameters and of its buffer (both must become rank 0's), the broadcasts made;
+- ``train`` for each cap of ``CAP_BYTES``: ``STEPS`` SGD steps; every all-reduce
+  the class launches (its size; which tensor: a gradient, a parameter's data, or
+  another; how many gradients backward had produced when it was launched and when
+  it was waited for; whether its tensor changed between launch and wait), the
+  step-0 gradients against DDP's and against this rank's own, the final parameters and DDP's;
+- ``no_sync``: ``K`` micro-batches, the first K-1 inside ``no_sync()``;
+- ``unused``: a model with a parameter no forward uses: whether the class raised,
+  or else its parameters against ``DDP(find_unused_parameters=True)``.
 
-Each all-reduce is reported the moment it is launched (``launch``), so a rank
-that hangs or aborts leaves its sequence behind. Errors are reported
-(``error``) and then raised: the rank fails as the learner's code did.
+Readiness is measured independently of the class's hooks: the harness registers a
+tensor hook on each parameter *before* the class is built, and a leaf's tensor hooks
+run in registration order before its post-accumulate-grad hooks, so the harness
+has counted a gradient as produced before any hook of the class sees it
+(``torch/_tensor.py``: ``Tensor.register_hook`` and ``register_post_accumulate_grad_hook``).
+An all-reduce launched once every gradient is produced (in the last gradient's hook,
+or after backward) overlaps nothing.
+
+Each collective is reported the moment it is called (``launch``). The ranks go
+in lockstep, segment by segment (a construction, a step): each posts the
+collectives it called to the store, and a watchdog thread compares them with
+its peers' while a segment runs, so a collective that only some ranks call
+(``mismatch``) stops the run in about a second, named, instead of at gloo's timeout.
+Errors are reported (``error``) and then raised: the rank fails as the learner's code did.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
+import inspect
+import json
 import os
 import runpy
 import statistics
 import sys
-import time
+import threading
 
 import torch
 import torch.distributed as dist
@@ -43,13 +58,24 @@ from ddp_tutorial.runfolder import report
 # This module runs the learner's code for the rank: its frames are not the script's.
 globals()[bootstrap.RUNS_THE_SCRIPT] = True
 
-#: Bucket caps (MiB) that cut the toy model's 2,132 trainable bytes into 1, 2 and 3 buckets.
-CAPS = {1: 1.0, 2: 1500 / 2**20, 3: 1100 / 2**20}
+#: Bucket caps in bytes (handed to the class as bucket_cap_mb = bytes / 2**20). The toy model's trainable
+#: gradients are 640, 64, 1024, 64, 320 and 20 bytes (2,132 in all): 1 MiB holds them all; 900 and 500 bytes
+#: cut them into 2-4 buckets whichever order and rule fills them, never 1 and never 6 (one per parameter).
+#: No partial sum lies within 6% of a cap, so a cap read as 10**6 bytes per MB cuts the same buckets.
+CAP_BYTES = (2**20, 900, 500)
 STEPS, K, LR, ROWS = 3, 3, 0.1, 4
+#: Seconds between the watchdog's looks at the peers' collectives while a segment runs.
+POLL_S = 0.5
+#: The collectives of torch.distributed the class may call; all are recorded, and compared across ranks.
+COLLECTIVES = ("all_reduce", "broadcast", "barrier", "reduce", "all_gather", "all_gather_into_tensor",
+               "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "all_to_all", "all_to_all_single",
+               "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+               "send", "recv", "isend", "irecv")
 
 
 class ToyModel(nn.Module):
-    """fc3 shares fc2's weight (tied), fc2's bias is frozen, ``fixed`` has requires_grad=False."""
+    """fc3 shares fc2's weight (tied), fc2's bias is frozen, ``fixed`` has requires_grad=False, and ``shift``
+    is a buffer (drawn from the seed, like the parameters: it differs per rank until broadcast)."""
 
     def __init__(self):
         super().__init__()
@@ -58,16 +84,25 @@ class ToyModel(nn.Module):
         self.fc3.weight = self.fc2.weight
         self.fc2.bias.requires_grad_(False)
         self.fixed = nn.Parameter(torch.randn(16), requires_grad=False)
+        self.register_buffer("shift", torch.randn(5))
 
     def forward(self, x):
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
-        return self.out(F.relu(self.fc3(x) + self.fixed))
+        return self.out(F.relu(self.fc3(x) + self.fixed)) + self.shift
 
 
-def toy(seed: int) -> ToyModel:
+class UnusedToyModel(ToyModel):
+    """The toy model with one more trainable parameter, ``spare``, that no forward uses: it gets no gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.spare = nn.Parameter(torch.randn(4))
+
+
+def toy(seed: int, cls=ToyModel) -> ToyModel:
     torch.manual_seed(seed)
-    return ToyModel()
+    return cls()
 
 
 def rank_batch(step: int, rank: int, world_size: int):
@@ -87,58 +122,200 @@ def flat(model) -> list:
     return [float(v) for p in model.parameters() for v in p.detach().reshape(-1)]
 
 
-class WatchedWork:
-    """An async all-reduce's handle as the learner gets it: notes whether, and when, it was waited for."""
+def trainable(model) -> list:
+    return [p for p in model.parameters() if p.requires_grad]
 
-    def __init__(self, work, rec, tensor):
-        self._work, self._rec, self._tensor = work, rec, tensor
 
-    def wait(self, *args, **kwargs):
-        self._rec["changed_before_wait"] = self._tensor._version != self._rec["version"]
-        self._rec["waited"] = True
-        return self._work.wait(*args, **kwargs)
+class MismatchedCollectives(RuntimeError):
+    """The ranks called different collectives in the same segment (a construction, a step)."""
 
-    def get_future(self):
-        self._rec["waited"] = True  # a future the learner waits for, or chains: handled
-        return self._work.get_future()
 
-    def __getattr__(self, name):
-        return getattr(self._work, name)
+def first_difference(mine: list, theirs: list, theirs_done: bool):
+    """Where two ranks' collectives of one segment part: the index, or None while they may still agree.
+
+    Different calls at one index part them; so does a call beyond the end of a peer's finished
+    segment (the peer will never make it). Both are facts whatever the timing: no false alarm."""
+    for i, (a, b) in enumerate(zip(mine, theirs)):
+        if a != b:
+            return i
+    if theirs_done and len(mine) > len(theirs):
+        return len(theirs)
+    return None
+
+
+class Lockstep:
+    """The ranks' collectives compared segment by segment, through the store (never through the group,
+    where a mismatched collective is stuck).
+
+    ``segment(name)`` wraps one construction or step: its end posts this rank's calls and waits
+    for every peer's, and raises ``MismatchedCollectives`` if they differ. Meanwhile a watchdog
+    thread posts the calls so far and reads the peers': a rank stuck in a collective its peers
+    never call reports ``mismatch`` and exits at once (``launch`` then stops the others)."""
+
+    def __init__(self, store, rank: int, world_size: int):
+        self.store, self.rank, self.world_size = store, rank, world_size
+        self.name, self.last, self.index, self.calls = None, None, 0, []
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="lockstep-watchdog", daemon=True)
+        self.thread.start()
+
+    def _key(self, index: int, state: str, rank: int) -> str:
+        return f"my_ddp_lockstep/{index}/{state}/{rank}"
+
+    def record(self, op: str, nbytes) -> None:
+        with self.lock:
+            self.calls.append([op, nbytes])
+
+    @property
+    def current(self):
+        return self.name
+
+    @contextlib.contextmanager
+    def segment(self, name: str):
+        with self.lock:
+            self.index, self.name, self.last, self.calls = self.index + 1, name, name, []
+        report({"event": "segment", "name": name})  # where a rank that hangs or crashes was
+        try:
+            yield
+        except BaseException:
+            with self.lock:
+                self.name = None
+            raise
+        self.end()
+
+    def end(self) -> None:
+        with self.lock:
+            index, name, mine, self.name = self.index, self.name, list(self.calls), None
+        self.store.set(self._key(index, "done", self.rank), json.dumps(mine))
+        keys = [self._key(index, "done", r) for r in range(self.world_size)]
+        self.store.wait(keys)  # the store's timeout (the group's) is the backstop
+        seqs = {r: json.loads(self.store.get(k)) for r, k in enumerate(keys)}
+        for r, seq in seqs.items():
+            at = first_difference(mine, seq, True)
+            if at is None:
+                at = first_difference(seq, mine, True)
+            if at is not None:
+                self._report(name, at, mine, seqs, stuck=False)
+                raise MismatchedCollectives(f"in {name}, collective #{at + 1} differs between ranks")
+
+    def _report(self, name, at, mine, seqs, stuck) -> None:
+        report({"event": "mismatch", "segment": name, "index": at, "mine": mine, "stuck": stuck,
+                "peers": {str(r): s for r, s in seqs.items()}})
+
+    def _watch(self) -> None:
+        posted = None
+        while not self.stopped.wait(POLL_S):
+            with self.lock:
+                index, name, mine = self.index, self.name, list(self.calls)
+            if name is None:
+                continue
+            if mine != posted:
+                self.store.set(self._key(index, "now", self.rank), json.dumps(mine))
+                posted = mine
+            seqs = {self.rank: mine}
+            for r in range(self.world_size):
+                if r == self.rank:
+                    continue
+                for state in ("done", "now"):
+                    key = self._key(index, state, r)
+                    if self.store.check([key]):
+                        seqs[r] = json.loads(self.store.get(key))
+                        at = first_difference(mine, seqs[r], state == "done")
+                        if at is not None:
+                            self._report(name, at, mine, seqs, stuck=True)
+                            report({"event": "final", "exit_code": 1, "case": name, "error": {
+                                "type": "MismatchedCollectives", "message": f"stopped in {name}: collective "
+                                f"#{at + 1} is not the one its peers call", "where": None, "traceback": []}})
+                            os._exit(1)  # the main thread may be stuck in that collective: nothing else ends it
+                        break
 
 
 class Watch:
-    """Every dist.all_reduce and dist.broadcast of the learner's class, while ``case`` is set."""
+    """Every collective of the learner's class on the default group, while a segment runs; the Work of each
+    async one is torch's own, watched by patching ``Work.wait`` and ``Work.get_future`` on the class."""
 
-    def __init__(self):
-        self.case, self.step, self.calls, self.broadcasts = None, None, [], 0
-        self.params, self.last_grad = [], 0.0
-        self._all_reduce, self._broadcast = dist.all_reduce, dist.broadcast
-        dist.all_reduce, dist.broadcast = self.all_reduce, self.broadcast
+    def __init__(self, lockstep: Lockstep):
+        self.lockstep = lockstep
+        self.calls, self.params, self.produced = [], [], set()
+        self.in_backward = False
+        self.pending = {}  # id(work) -> (work, record): kept alive, so an id is never reused within a step
+        self._originals = {}
+        for op in COLLECTIVES:
+            if hasattr(dist, op):
+                self._originals[op] = getattr(dist, op)
+                setattr(dist, op, self._observed(op, getattr(dist, op)))
+        work = dist.Work
+        self._wait, self._get_future = work.wait, work.get_future
+        watch = self
+
+        def wait(w, *args, **kwargs):
+            result = watch._wait(w, *args, **kwargs)  # an error in the collective raises here, as torch's does
+            watch.waited(w)
+            return result
+
+        def get_future(w):
+            entry = watch.pending.get(id(w))
+            if entry is not None and entry[0] is w:
+                entry[1]["future"] = True  # a future the learner waits for, or chains: not ours to see
+            return watch._get_future(w)
+
+        work.wait, work.get_future = wait, get_future
 
     def kind(self, tensor) -> str:
+        if not isinstance(tensor, torch.Tensor):
+            return "other"
         ptr = tensor.data_ptr()
         if any(p.data_ptr() == ptr for p in self.params):
             return "param"
         if any(p.grad is not None and p.grad.data_ptr() == ptr for p in self.params):
             return "grad"
-        return "buffer"
+        return "other"
 
-    def all_reduce(self, tensor, *args, **kwargs):
-        rec = {"bytes": tensor.numel() * tensor.element_size(), "kind": self.kind(tensor),
-               "launch": time.perf_counter(), "version": tensor._version, "waited": False,
-               "async": bool(kwargs.get("async_op")), "tensor": tensor}
-        if self.case is not None:
+    def produced_hook(self, p):
+        def hook(grad):
+            self.produced.add(id(p))
+        return hook
+
+    def _observed(self, op, collective):
+        signature = inspect.signature(collective)
+
+        def observed(*args, **kwargs):
+            try:
+                given = signature.bind(*args, **kwargs).arguments
+            except TypeError:
+                given = {}
+            group = given.get("group")
+            name = self.lockstep.current
+            if name is None or group not in (None, dist.group.WORLD):
+                return collective(*args, **kwargs)
+            tensor = given.get("tensor")
+            nbytes = tensor.numel() * tensor.element_size() if isinstance(tensor, torch.Tensor) else None
+            rec = {"op": op, "bytes": nbytes, "kind": self.kind(tensor), "async": bool(given.get("async_op")),
+                   "produced": len(self.produced), "in_backward": self.in_backward, "waited": False,
+                   "future": False}
+            if isinstance(tensor, torch.Tensor):
+                rec["tensor"], rec["version"] = tensor, tensor._version
             self.calls.append(rec)
-            report({"event": "launch", "case": self.case, "step": self.step, "bytes": rec["bytes"]})
-        work = self._all_reduce(tensor, *args, **kwargs)
-        return WatchedWork(work, rec, tensor) if work is not None else None
+            self.lockstep.record(op, nbytes)
+            report({"event": "launch", "case": name, "op": op, "bytes": nbytes})
+            work = collective(*args, **kwargs)
+            if work is not None and rec["async"]:
+                self.pending[id(work)] = (work, rec)
+            return work  # torch's own Work, untouched
+        return observed
 
-    def broadcast(self, tensor, *args, **kwargs):
-        self.broadcasts += 1
-        return self._broadcast(tensor, *args, **kwargs)
+    def waited(self, work) -> None:
+        entry = self.pending.get(id(work))
+        if entry is None or entry[0] is not work or entry[1]["waited"]:
+            return
+        rec = entry[1]
+        rec.update(waited=True, wait_produced=len(self.produced), wait_in_backward=self.in_backward)
+        if "tensor" in rec:
+            rec["changed_before_wait"] = rec["tensor"]._version != rec["version"]
 
     def take(self):
-        calls, self.calls = self.calls, []
+        calls, self.calls, self.pending = self.calls, [], {}
         return calls
 
 
@@ -151,19 +328,67 @@ def grad_ratio(mine, ddp) -> float:
     return statistics.median(ratios) if ratios else float("nan")
 
 
+def max_gap(mine, other) -> float:
+    gaps = [float((a - b).abs().max()) for a, b in zip(mine, other) if a is not None and b is not None]
+    return max(gaps) if gaps else float("nan")
+
+
 def sgd(model):
-    return torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
+    return torch.optim.SGD(trainable(model), lr=LR)
 
 
 def grads(model):
-    return [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+    return [None if p.grad is None else p.grad.detach().clone() for p in trainable(model)]
 
 
-def case_construct(MyDDP, watch, rank):
+def summary(calls: list, produced_total: int) -> dict:
+    """One step's all-reduces, in numbers the judge reads."""
+    reduces = [c for c in calls if c["op"] == "all_reduce"]
+    during = [c for c in reduces if c["produced"] < produced_total]
+    overlapping = [c for c in during if c["async"] and not (c["waited"] and c["wait_produced"] < produced_total)]
+    return {"all_reduces": [c["bytes"] for c in reduces if c["kind"] != "param"],
+            "ops": [c["op"] for c in calls],
+            "kinds": sorted({c["kind"] for c in reduces}),
+            "launched_in_backward": len(during),
+            "overlapping": len(overlapping),
+            "in_last_hook": sum(c["in_backward"] and c["produced"] >= produced_total for c in reduces),
+            "after_backward": sum(not c["in_backward"] for c in reduces),
+            "blocking_in_backward": sum(not c["async"] for c in during),
+            "waited_in_backward": sum(c["async"] and c["waited"] and c["wait_produced"] < produced_total
+                                      for c in during),
+            "not_waited": sum(c["async"] and not c["waited"] and not c["future"] for c in reduces),
+            "changed_after_launch": sum(bool(c.get("changed_before_wait")) for c in reduces)}
+
+
+def wrap(MyDDP, model, watch, lockstep, name, **kwargs):
+    with lockstep.segment(name):
+        return MyDDP(model, **kwargs)
+
+
+def watch_readiness(model, watch):
+    """Before the class hooks anything: a tensor hook per trainable parameter, counting produced gradients."""
+    watch.params = list(model.parameters())
+    for p in trainable(model):
+        p.register_hook(watch.produced_hook(p))
+
+
+def one_step(wrapped, watch, lockstep, name, x, y, scale=1.0, finish=True):
+    watch.produced.clear()
+    with lockstep.segment(name):
+        loss = F.mse_loss(wrapped(x), y) * scale
+        watch.in_backward = True
+        try:
+            loss.backward()
+        finally:
+            watch.in_backward = False
+        if finish:
+            wrapped.finish_gradient_synchronization()
+    return summary(watch.take(), len(watch.produced))
+
+
+def case_construct(MyDDP, watch, lockstep, rank):
     model = toy(seed=rank)  # every rank starts different: the class must make them equal
     watch.params = list(model.parameters())
-    watch.broadcasts = 0
-    watch.case = "construct"
     registered = []
     original = torch.Tensor.register_post_accumulate_grad_hook
 
@@ -173,77 +398,102 @@ def case_construct(MyDDP, watch, rank):
 
     torch.Tensor.register_post_accumulate_grad_hook = counted
     try:
-        wrapped = MyDDP(model)
+        wrapped = wrap(MyDDP, model, watch, lockstep, "construction")
     finally:
         torch.Tensor.register_post_accumulate_grad_hook = original
-        watch.case = None
+    calls = watch.take()
     hooked = sum(bool(getattr(p, "_post_accumulate_grad_hooks", None)) for p in model.parameters())
-    report({"event": "construct", "after": digest(model.parameters()), "rank0": digest(toy(0).parameters()),
-            "broadcasts": watch.broadcasts, "hooked_params": hooked, "hooks_registered": len(registered),
+    rank0 = toy(0)
+    own = {t.data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    on_module = sum(c["op"] == "broadcast" and "tensor" in c and c["tensor"].data_ptr() in own for c in calls)
+    report({"event": "construct", "broadcasts_on_module": on_module, "after": digest(model.parameters()), "rank0": digest(rank0.parameters()),
+            "buffers_after": digest(model.buffers()), "buffers_rank0": digest(rank0.buffers()),
+            "buffers": [name for name, _ in model.named_buffers()],
+            "broadcasts": sum(c["op"] == "broadcast" for c in calls), "collectives": [c["op"] for c in calls],
+            "hooked_params": hooked, "hooks_registered": len(registered),
             "module_kept": getattr(wrapped, "module", None) is model})
 
 
-def case_train(MyDDP, watch, rank, world_size, n):
-    model, reference = toy(0), DDP(toy(0))
-    wrapped = MyDDP(model, bucket_cap_mb=CAPS[n])
-    watch.params = list(model.parameters())
-    ready = []
-    for p in model.parameters():
-        if p.requires_grad:  # after the class's own hooks: the moment the last one ran
-            p.register_post_accumulate_grad_hook(lambda _: ready.append(time.perf_counter()))
+def case_train(MyDDP, watch, lockstep, ref_group, rank, world_size, cap):
+    model, reference, local = toy(0), DDP(toy(0), process_group=ref_group), toy(0)
+    watch_readiness(model, watch)
+    wrapped = wrap(MyDDP, model, watch, lockstep, f"construction (cap {cap} bytes)", bucket_cap_mb=cap / 2**20)
+    watch.take()
     opt, ref_opt = (sgd(m) for m in (model, reference))
-    steps, ratio = [], None
+    steps, ratio, gaps = [], None, {}
     for step in range(STEPS):
         x, y = rank_batch(step, rank, world_size)
         opt.zero_grad(set_to_none=True)
-        ready.clear()
-        watch.case, watch.step = f"train{n}", step
-        F.mse_loss(wrapped(x), y).backward()
-        wrapped.finish_gradient_synchronization()
-        watch.case = None
-        calls = watch.take()
-        last = max(ready) if ready else float("inf")
-        steps.append({"all_reduces": [c["bytes"] for c in calls], "kinds": sorted({c["kind"] for c in calls}),
-                      "launched_in_backward": sum(c["launch"] < last for c in calls),
-                      "not_waited": sum(c["async"] and not c["waited"] for c in calls),
-                      # Only an async all-reduce can race with the script: a blocking one has finished
-                      # (writing its tensor) when it returns, and what the script does next is no race.
-                      "changed_after_launch": sum(c["async"] and c.get("changed_before_wait",
-                                                                       c["tensor"]._version != c["version"])
-                                                  for c in calls)})
+        steps.append(one_step(wrapped, watch, lockstep, f"step {step} (cap {cap} bytes)", x, y))
         ref_opt.zero_grad(set_to_none=True)
         F.mse_loss(reference(x), y).backward()
         if step == 0:
+            F.mse_loss(local(x), y).backward()  # this rank's own gradient: what an unsynchronised class leaves
             ratio = grad_ratio(grads(model), grads(reference.module))
+            gaps = {"to_ddp": max_gap(grads(model), grads(reference.module)),
+                    "to_local": max_gap(grads(model), grads(local)),
+                    "to_local_over_w": max_gap(grads(model), [g / world_size for g in grads(local)]),
+                    "local_to_ddp": max_gap(grads(local), grads(reference.module))}
         opt.step()
         ref_opt.step()
-    report({"event": "train", "buckets": n, "steps": steps, "grad_ratio": ratio, "final": flat(model),
-            "ddp_final": flat(reference.module)})
+    report({"event": "train", "cap": cap, "steps": steps, "grad_ratio": ratio, "gaps": gaps,
+            "param_bytes": [p.numel() * p.element_size() for p in trainable(model)],
+            "final": flat(model), "ddp_final": flat(reference.module)})
 
 
-def case_no_sync(MyDDP, watch, rank, world_size):
-    model, reference = toy(0), DDP(toy(0))
-    wrapped = MyDDP(model)
-    watch.params = list(model.parameters())
+def case_no_sync(MyDDP, watch, lockstep, ref_group, rank, world_size):
+    model, reference = toy(0), DDP(toy(0), process_group=ref_group)
+    watch_readiness(model, watch)
+    wrapped = wrap(MyDDP, model, watch, lockstep, "construction (no_sync)")
+    watch.take()
     opt, ref_opt = (sgd(m) for m in (model, reference))
     counts = []
     for micro in range(K):
         x, y = rank_batch(100 + micro, rank, world_size)
-        watch.case, watch.step = "no_sync", micro
+        name = f"no_sync micro-batch {micro}"
         if micro < K - 1:
             with wrapped.no_sync():
-                (F.mse_loss(wrapped(x), y) / K).backward()
+                s = one_step(wrapped, watch, lockstep, name, x, y, scale=1 / K, finish=False)
             with reference.no_sync():
                 (F.mse_loss(reference(x), y) / K).backward()
         else:
-            (F.mse_loss(wrapped(x), y) / K).backward()
-            wrapped.finish_gradient_synchronization()
+            s = one_step(wrapped, watch, lockstep, name, x, y, scale=1 / K)
             (F.mse_loss(reference(x), y) / K).backward()
-        watch.case = None
-        counts.append(len(watch.take()))
+        counts.append(len([op for op in s["ops"] if op == "all_reduce"]))
     opt.step()
     ref_opt.step()
     report({"event": "no_sync", "all_reduces": counts, "final": flat(model), "ddp_final": flat(reference.module)})
+
+
+def case_unused(MyDDP, watch, lockstep, ref_group, rank, world_size):
+    """Two steps of a model with a parameter no forward uses; the class's own error is caught and reported."""
+    model = toy(0, UnusedToyModel)
+    reference = DDP(toy(0, UnusedToyModel), process_group=ref_group, find_unused_parameters=True)
+    watch_readiness(model, watch)
+    wrapped = wrap(MyDDP, model, watch, lockstep, "construction (unused parameter)")
+    watch.take()
+    opt, ref_opt = (sgd(m) for m in (model, reference))
+    raised, steps = None, []
+    for step in range(2):
+        x, y = rank_batch(200 + step, rank, world_size)
+        opt.zero_grad(set_to_none=True)
+        watch.produced.clear()
+        with lockstep.segment(f"step {step} (unused parameter)"):
+            try:
+                F.mse_loss(wrapped(x), y).backward()
+                wrapped.finish_gradient_synchronization()
+            except Exception as exc:  # what the exercise asks for: an error, on every rank
+                raised = {"step": step, "type": type(exc).__name__, "message": str(exc)[:300]}
+        steps.append(summary(watch.take(), len(watch.produced)))
+        if raised:
+            break
+        ref_opt.zero_grad(set_to_none=True)
+        F.mse_loss(reference(x), y).backward()
+        opt.step()
+        ref_opt.step()
+    report({"event": "unused", "raised": raised, "steps": steps, "final": flat(model),
+            "ddp_final": flat(reference.module),
+            "trainable_bytes": sum(p.numel() * p.element_size() for p in trainable(model))})
 
 
 def main(argv) -> None:
@@ -254,22 +504,26 @@ def main(argv) -> None:
     report({"event": "start", "exercise": argv[0], "pid": os.getpid()})
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    watch = Watch()
+    ref_group = dist.new_group(backend="gloo")  # DDP's: its collectives never meet the class's
+    lockstep = Lockstep(dist.distributed_c10d._get_default_store(), rank, world_size)
+    watch = Watch(lockstep)
     try:
         namespace = runpy.run_path(script, run_name="my_ddp")  # a module: its `if __name__ == "__main__"` stays out
         if "MyDDP" not in namespace:
             raise NameError(f"{os.path.basename(script)} defines no class MyDDP")
         MyDDP = namespace["MyDDP"]
-        case_construct(MyDDP, watch, rank)
-        for n in CAPS:
-            case_train(MyDDP, watch, rank, world_size, n)
-        case_no_sync(MyDDP, watch, rank, world_size)
+        case_construct(MyDDP, watch, lockstep, rank)
+        for cap in CAP_BYTES:
+            case_train(MyDDP, watch, lockstep, ref_group, rank, world_size, cap)
+        case_no_sync(MyDDP, watch, lockstep, ref_group, rank, world_size)
+        case_unused(MyDDP, watch, lockstep, ref_group, rank, world_size)
         report({"event": "final", "exit_code": 0, "error": None})
     except BaseException as exc:
-        report({"event": "final", "exit_code": 1, "case": watch.case,
+        report({"event": "final", "exit_code": 1, "case": lockstep.last,
                 "error": {"type": type(exc).__name__, "message": str(exc)[:600], "where": None, "traceback": []}})
         raise
     finally:
+        lockstep.stopped.set()
         dist.destroy_process_group()
 
 

@@ -160,33 +160,12 @@ def rendezvous_port(init_method, store):
 
 
 def called_from_torch() -> bool:
-    """Whether the collective being observed was called by torch itself (the first caller outside this file)."""
+    """Whether the collective being observed was called by torch itself (the first caller outside this file):
+    torch's own calls (Join's all-reduce, whose Work DDP's reducer waits for in C++) count as done at once."""
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename == __file__:
         frame = frame.f_back
     return frame is not None and frame.f_globals.get("__name__", "").startswith("torch.")
-
-
-class Work:
-    """The Work an ``async_op=True`` collective returns (named as torch names it, for the script's messages),
-    reporting the collective done when the script waits.
-
-    The result is in the tensor only once ``wait()`` returns: a script that reads it
-    without waiting must not be measured as if it had waited.
-    """
-
-    def __init__(self, work, done):
-        self._work, self._done, self._reported = work, done, False
-
-    def wait(self, *args, **kwargs):
-        result = self._work.wait(*args, **kwargs)
-        if not self._reported:
-            self._reported = True
-            self._done()
-        return result
-
-    def __getattr__(self, name):
-        return getattr(self._work, name)
 
 
 class Observers:
@@ -197,6 +176,7 @@ class Observers:
         self.launcher = launcher  # port, rank, world_size as the launcher set them (port None: none)
         self._patched = []  # (owner, attribute, original)
         self._hook = None
+        self._on_wait = {}  # id(work) -> (work, what to do the first time the script waits for it)
 
     def patch(self, owner, name, replacement):
         self._patched.append((owner, name, getattr(owner, name)))
@@ -212,6 +192,7 @@ class Observers:
 
     def install(self):
         seen = self.seen
+        self._observe_waits()
         self._observe_process_group()
         self._observe_ddp()
 
@@ -261,6 +242,20 @@ class Observers:
         self.patch(torch, "save", observed_save)
         self.patch(torch.serialization, "save", observed_save)
 
+    def _observe_waits(self):
+        """``Work.wait`` observed on torch's class: every Work stays torch's own object (DDP's reducer takes
+        one from Join and casts it to its C++ type; a Python wrapper cannot be cast)."""
+        wait, on_wait = dist.Work.wait, self._on_wait
+
+        def observed_wait(work, *args, **kwargs):
+            result = wait(work, *args, **kwargs)  # a failed collective raises here, as it would unobserved
+            entry = on_wait.pop(id(work), None)
+            if entry is not None and entry[0] is work:
+                entry[1]()
+            return result
+
+        self.patch(dist.Work, "wait", observed_wait)
+
     def _observed_zero_grad(self, zero_grad):
         seen = self.seen
 
@@ -303,12 +298,12 @@ class Observers:
                     report({"event": "collective", "op": op, "n": number, "input": values,
                             "output": small_values(tensor)})
 
-                # async_op=True from the script: done once the script waits. From torch's own code (Join's
-                # notify_join_context hands its Work to DDP's reducer, which needs torch's own C++ Work),
-                # the Work goes back untouched.
+                # async_op=True from the script: done once the script waits (the result is in the tensor
+                # only then). The Work itself goes back untouched, to the script and to torch alike.
                 if work is not None and hasattr(work, "wait") and not called_from_torch():
-                    return Work(work, done)
-                done()
+                    self._on_wait[id(work)] = (work, done)
+                else:
+                    done()
                 return work
             return observed
 

@@ -5,25 +5,32 @@
 Parts (``--parts``, comma-separated; each reports records with ``part`` = its name):
 
 - ``construct``: every rank builds the toy model from its own seed; each version
-  (``my_ddps.py``) and torch's DDP must leave every rank with rank 0's weights.
+  (``my_ddps.py``) and torch's DDP must leave every rank with rank 0's weights. Then a model
+  with a buffer that each rank changes after construction: the value each forward sees.
 - ``exact``: for W = 2, 3 and 4 (groups of ranks 0..W-1 within one launch), each
   version and torch's DDP train the toy model (tied weights, a frozen bias, a
   ``requires_grad=False`` parameter) for ``--steps`` SGD steps on the same
-  batches; rank 0 adds one float64 process on the global batch. Also the
-  all-reduces each version makes per step, and BucketDDP's buckets for three caps.
+  batches (torch's DDP twice: with ``allreduce_hook``, whose all-reduces the log
+  sees, and with its default C++ path); rank 0 adds one float64 process on the
+  global batch. Also the all-reduces each version makes per step, and for three
+  caps BucketDDP's buckets and the buckets torch's DDP launches in each iteration.
 - ``overlap``: W = 2, the timing model (layers with a simulated GPU kernel in
   their backward); per version and DDP, per step: backward's span, when each
   gradient was ready, each all-reduce from launch to completion, the wait
-  after backward, the step time; DDP's own logger; find_unused_parameters' cost.
+  after backward, the step time; DDP's own logger and buckets per iteration;
+  DDP with bucket_cap_mb=25 against None; find_unused_parameters' cost and buckets.
 - ``cases``: W = 2: no_sync accumulation (K micro-batches, one all-reduce round)
-  against DDP's no_sync, and DDP's find_unused_parameters=True on a branch that
-  only rank 0 takes.
+  against DDP's no_sync; forward and backward on opposite sides of ``no_sync()``;
+  DDP's find_unused_parameters=True on a branch that only rank 0 takes.
 - ``hang``: W = 2: BucketDDP on that branch. Rank 1 never gets the branch's
-  gradient, so it waits for ever: run it under a short launch deadline.
+  gradient, so it never launches that bucket and waits for ever; rank 0's
+  all-reduce fails at the group's timeout (``--pg-timeout``): run it under a
+  launch deadline longer than that timeout.
 
 Flags: ``--parts construct,exact,overlap,cases --steps 5 --batch-size 8 --seed 0``; ``--pg-timeout 60``.
 """
 
+import contextlib
 import os
 import sys
 import time
@@ -45,8 +52,11 @@ from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import digest, flags, 
 
 PARTS = ("construct", "exact", "overlap", "cases", "hang")
 LR = 0.1
-#: BucketDDP caps (MiB) that cut the toy model's 2,132 trainable bytes into 1, 2 and 3 buckets.
+#: Caps (MiB) that cut the toy model's 2,132 trainable bytes into 1, 2 and 3 buckets by BucketDDP's rule
+#: (a bucket never passes the cap); by DDP's (a bucket closes once it reaches the cap) into 1, 1 and 2.
 CAPS = {1: 1.0, 2: 1500 / 2**20, 3: 1100 / 2**20}
+#: BucketDDP's cap on the timing model (1.2 MB of gradients in 8 tensors): buckets of several tensors.
+TIMING_BUCKET_CAP_MB = 1.0
 VERSIONS = {"naive": NaiveDDP, "flat": FlatDDP, "overlap": OverlapDDP,
             "bucket": lambda m, group=None: BucketDDP(m, CAPS[2], group=group)}
 #: The timing model: widths, and the simulated GPU kernel's backward per layer (ms).
@@ -82,6 +92,18 @@ class BranchModel(nn.Module):
         if bool(x[0, 0] > 0):
             x = x + self.branch(x)
         return self.out(F.relu(self.body(x)))
+
+
+class ScaleModel(nn.Module):
+    """A layer and a buffer ``scale`` (state that is not trained, as BatchNorm's running statistics)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.register_buffer("scale", torch.ones(()))
+
+    def forward(self, x):
+        return self.lin(x) * self.scale
 
 
 def toy_model(seed):
@@ -139,16 +161,56 @@ class Collectives:
 log = Collectives()
 
 
-def ddp(model, group=None, **kwargs):
-    """torch's DDP, its all-reduces through Python (allreduce_hook: the same arithmetic as its default) so
-    the log sees them."""
+class BucketLog:
+    """A comm hook's state: each bucket DDP hands to its hook, in launch order (its index, the names of its
+    parameters, its bytes), then the all-reduce of ``allreduce_hook``."""
+
+    def __init__(self, group, names):
+        self.group, self.names, self.launched = group, names, []
+
+    @staticmethod
+    def hook(state, bucket):
+        state.launched.append({"index": bucket.index(), "bytes": bucket.buffer().numel() * 4,
+                               "params": [state.names.get(id(p), "?") for p in bucket.parameters()]})
+        return default_hooks.allreduce_hook(state.group, bucket)
+
+    def take(self):
+        launched, self.launched = self.launched, []
+        return launched
+
+
+def ddp(model, group=None, hook=True, **kwargs):
+    """torch's DDP. With ``hook`` its all-reduces go through Python, ``allreduce_hook`` (a sum of the bucket
+    divided by W), so the log sees them and ``.bucket_log`` records each bucket; without, DDP's default C++
+    path, which multiplies each gradient by 1/W while copying it into its bucket (reducer.cpp
+    ``mark_variable_ready_dense``: ``at::mul_out(bucket_view, grad, 1/div_factor_)``, only when no comm hook
+    is registered). x * (1/3) and x / 3 round differently in float32; with W = 2 or 4 both are exact."""
+    names = {id(p): n for n, p in model.named_parameters()}
     wrapped = DDP(model, process_group=group, **kwargs)
-    wrapped.register_comm_hook(group, default_hooks.allreduce_hook)
+    if hook:
+        wrapped.bucket_log = BucketLog(group, names)
+        wrapped.register_comm_hook(wrapped.bucket_log, BucketLog.hook)
     return wrapped
 
 
 def wrap(version, model, group):
-    return ddp(model, group) if version == "ddp" else VERSIONS[version](model, group=group)
+    if version == "ddp":
+        return ddp(model, group)
+    if version == "ddp_default":
+        return ddp(model, group, hook=False)
+    return VERSIONS[version](model, group=group)
+
+
+def readiness(model, ready):
+    """Append (perf_counter, name) to ``ready`` when backward has computed each trainable parameter's gradient.
+
+    A tensor hook (``register_hook``) on a leaf runs before its gradient is accumulated, so before any
+    post-accumulate-grad hook and before DDP's reducer hook (a post hook of the same AccumulateGrad node):
+    the time does not depend on who registered first, and a launch made inside a version's hook for the
+    last gradient comes after the last gradient's time, not before it."""
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            p.register_hook(lambda grad, name=name: ready.append((time.perf_counter(), name)))
 
 
 def sync(model):
@@ -173,10 +235,27 @@ def part_construct(args, rank, world_size):
         runfolder.report({"part": "construct", "version": version, "before": before, "after": digest(
             [*wrapped.parameters(), *wrapped.buffers()]), "rank0_built": rank0,
             "broadcasts": sum(c["op"] == "broadcast" for c in calls)})
+    # Buffers after construction: each rank sets its own, then one forward reads it. DDP broadcasts rank 0's
+    # buffers before every forward (distributed.py ``_pre_forward`` -> ``_check_sync_bufs_pre_fwd`` ->
+    # ``_sync_buffers``; ``broadcast_buffers``/``forward_sync_buffers``, on by default); the versions here
+    # broadcast them only when they are built.
+    for version in (*VERSIONS, "ddp"):
+        model = ScaleModel()
+        wrapped = wrap(version, model, None)
+        with torch.no_grad():
+            model.scale.fill_(rank + 1)
+        seen = []
+        handle = model.register_forward_pre_hook(lambda m, _: seen.append(float(m.scale)))
+        with torch.no_grad():
+            wrapped(torch.ones(2, 3))
+        handle.remove()
+        runfolder.report({"part": "buffers", "version": version, "set": rank + 1, "seen": seen[0]})
 
 
 # -- exact ---------------------------------------------------------------------
-def train(model, optimizer, steps, seed, rank, world_size, rows_per_rank, record=False):
+def train(model, optimizer, steps, seed, rank, world_size, rows_per_rank, grads=None):
+    """SGD steps; per step the all-reduces and their bytes. ``grads``: a list that gets the first step's
+    averaged gradients (flat), as the optimizer reads them."""
     per_step = []
     for step in range(steps):
         x, y = batch(seed, step, rows_per_rank * world_size, 10, 5)
@@ -186,7 +265,10 @@ def train(model, optimizer, steps, seed, rank, world_size, rows_per_rank, record
             sync(model)
         calls = log.take()
         per_step.append({"all_reduces": sum(c["op"] == "all_reduce" for c in calls),
-                         "bytes": sum(c["bytes"] for c in calls if c["op"] == "all_reduce")})
+                         "bytes": sum(c["bytes"] for c in calls if c["op"] == "all_reduce"),
+                         "seconds": [c["done"] - c["launch"] for c in calls if c["op"] == "all_reduce"]})
+        if grads is not None and step == 0:
+            grads.extend(float(v) for p in model.parameters() if p.grad is not None for v in p.grad.reshape(-1))
         optimizer.step()
     return per_step
 
@@ -210,11 +292,12 @@ def part_exact(args, rank, world_size):
         group = dist.new_group(list(range(w)))  # every rank takes part in creating it
         if rank >= w:
             continue
-        finals, steps = {}, {}
-        for version in (*VERSIONS, "ddp"):
+        finals, steps, first_grads = {}, {}, {"ddp": [], "ddp_default": []}
+        for version in (*VERSIONS, "ddp", "ddp_default"):
             model = wrap(version, toy_model(args.seed), group)
             optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
-            steps[version] = train(model, optimizer, args.steps, args.seed, rank, w, args.batch_size)
+            steps[version] = train(model, optimizer, args.steps, args.seed, rank, w, args.batch_size,
+                                   first_grads.get(version))
             finals[version] = flat_params(model)
             grads = {n: p.grad is not None for n, p in model.named_parameters()}
         buckets = {}
@@ -224,20 +307,41 @@ def part_exact(args, rank, world_size):
             names = {id(p): name for name, p in model.module.named_parameters()}
             buckets[n] = {"cap_mb": cap, "buckets": [[names[id(p)] for p in b] for b in model.buckets],
                           "per_step": train(model, optimizer, 2, args.seed, rank, w, args.batch_size)}
+            if w == 2:
+                buckets[n]["ddp"] = ddp_iterations(toy_model(args.seed), group, cap, args, rank, w)
         record = {"part": "exact", "world_size": w, "finals": finals, "steps": steps, "buckets": buckets,
-                  "has_grad": grads}
+                  "has_grad": grads, "first_grads": first_grads}
         if rank == 0:
             record["float64"] = float64_reference(args, w)
         runfolder.report(record)
 
 
-# -- overlap -------------------------------------------------------------------
-def timed_steps(model, steps, seed, rank, world_size, rows, group):
-    """Per step: forward start, backward start, each gradient's ready time, backward end, synced, step end."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+def ddp_iterations(model, group, cap_mb, args, rank, w, steps=3):
+    """torch's DDP at ``bucket_cap_mb=cap_mb``, ``steps`` iterations: per iteration the buckets its comm hook
+    was handed, in launch order, and the order the gradients became ready; then its logger's bucket sizes."""
     ready = []
-    for p in model.parameters():
-        p.register_post_accumulate_grad_hook(lambda _: ready.append(time.perf_counter()))
+    readiness(model, ready)
+    wrapped = ddp(model, group, bucket_cap_mb=cap_mb)
+    optimizer = torch.optim.SGD([p for p in wrapped.parameters() if p.requires_grad], lr=LR)
+    per_iteration = []
+    for step in range(steps):
+        x, y = batch(args.seed, step, args.batch_size * w, 10, 5)
+        optimizer.zero_grad(set_to_none=True)
+        ready.clear()
+        F.mse_loss(wrapped(shard(x, rank, w)), shard(y, rank, w)).backward()
+        optimizer.step()
+        per_iteration.append({"launched": wrapped.bucket_log.take(), "ready": [n for _, n in ready]})
+    data = wrapped._get_ddp_logging_data()
+    return {"iterations": per_iteration, "bucket_sizes": data.get("bucket_sizes"),
+            "rebuilt_bucket_sizes": data.get("rebuilt_bucket_sizes")}
+
+
+# -- overlap -------------------------------------------------------------------
+def timed_steps(model, ready, steps, seed, rank, world_size, rows, group):
+    """Per step: forward start, backward start, each gradient's ready time (``ready``, filled by ``readiness``),
+    backward end, synced, step end, each all-reduce; for torch's DDP also the buckets it launched and its
+    logger's overlap for that iteration."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     records = []
     for step in range(steps):
         x, y = batch(seed, 100 + step, rows * world_size, 32, 5)
@@ -257,9 +361,46 @@ def timed_steps(model, steps, seed, rank, world_size, rows, group):
         optimizer.step()
         t4 = time.perf_counter()
         calls = [c for c in log.take() if c["op"] == "all_reduce"]
-        records.append({"forward": t0, "backward": t1, "backward_end": t2, "synced": t3, "step_end": t4,
-                        "ready": list(ready), "all_reduces": [(c["launch"], c["done"], c["bytes"]) for c in calls]})
+        record = {"forward": t0, "backward": t1, "backward_end": t2, "synced": t3, "step_end": t4,
+                  "ready": [t for t, _ in ready], "all_reduces": [(c["launch"], c["done"], c["bytes"]) for c in calls]}
+        if isinstance(model, DDP):
+            record["buckets"] = [(b["bytes"], len(b["params"])) for b in model.bucket_log.take()]
+            if step:  # DDP's logger takes an iteration's times at the next forward (logger.cpp
+                # set_runtime_stats_and_log, called from _pre_forward): now they are the previous step's
+                data = model._get_ddp_logging_data()
+                records[-1]["logger_overlap_ms"] = data["backward_compute_comm_overlap_time"] / 1e6
+        records.append(record)
     return records
+
+
+def timed(version, args, rank, group, steps=None, **ddp_kwargs):
+    """A fresh timing model with readiness hooks (registered before any version's hooks), wrapped, timed."""
+    model, ready = timing_model(args.seed), []
+    readiness(model, ready)
+    if version == "ddp":
+        wrapped = ddp(model, group, **ddp_kwargs)
+    elif version == "bucket":
+        wrapped = BucketDDP(model, TIMING_BUCKET_CAP_MB, group=group)
+    else:
+        wrapped = VERSIONS[version](model, group=group)
+    return wrapped, timed_steps(wrapped, ready, steps or args.timing_steps, args.seed, rank, 2, args.batch_size,
+                                group)
+
+
+@contextlib.contextmanager
+def quiet_stderr():
+    """Silence this process's stderr (file descriptor 2) for a while: the reducer warns from C++, straight to it,
+    that find_unused_parameters=True found no unused parameter, which is this measurement's point. An exception
+    still propagates, and is printed once stderr is back."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def part_overlap(args, rank, world_size):
@@ -268,22 +409,28 @@ def part_overlap(args, rank, world_size):
         return
     finals = {}
     for version in (*VERSIONS, "ddp"):
-        model = wrap(version, timing_model(args.seed), group)
-        records = timed_steps(model, args.timing_steps, args.seed, rank, 2, args.batch_size, group)
+        model, records = timed(version, args, rank, group)
         finals[version] = digest(model.parameters())
         extra = {}
+        if version == "bucket":
+            extra["buckets"] = [[p.numel() * p.element_size() for p in b] for b in model.buckets]
         if version == "ddp":
             data = model._get_ddp_logging_data()
             extra = {k: data.get(k) for k in ("avg_backward_compute_comm_overlap_time", "avg_backward_comm_time",
                                               "avg_backward_compute_time")}
         runfolder.report({"part": "overlap", "version": version, "steps": records, **extra})
-    # find_unused_parameters=True on the same model, every parameter used: what the search costs per step
-    costs = {}
+    # DDP's first bucket of 1 MiB comes only with bucket_cap_mb=None: an explicit 25 has none
+    _, cap25 = timed("ddp", args, rank, group, steps=2, bucket_cap_mb=25)
+    # find_unused_parameters=True on the same model, every parameter used: what it costs per step, and its
+    # buckets (no rebuild: reducer.hpp should_rebuild_buckets is false with find_unused_parameters)
+    costs, unused_buckets = {}, {}
     for find in (False, True):
-        model = ddp(timing_model(args.seed), group, find_unused_parameters=find)
-        rec = timed_steps(model, args.timing_steps, args.seed, rank, 2, args.batch_size, group)
-        costs.setdefault(str(find), []).extend(r["step_end"] - r["forward"] for r in rec[1:])
-    runfolder.report({"part": "overlap_final", "digests": finals, "find_unused_step_s": costs})
+        with quiet_stderr() if find else contextlib.nullcontext():
+            _, rec = timed("ddp", args, rank, group, find_unused_parameters=find)
+        costs[str(find)] = [r["step_end"] - r["forward"] for r in rec[1:]]
+        unused_buckets[str(find)] = rec[-1]["buckets"]
+    runfolder.report({"part": "overlap_final", "digests": finals, "find_unused_step_s": costs,
+                      "find_unused_buckets": unused_buckets, "cap25_buckets": cap25[-1]["buckets"]})
 
 
 # -- cases ---------------------------------------------------------------------
@@ -310,6 +457,28 @@ def part_cases(args, rank, world_size):
             per_micro.append(sum(c["op"] == "all_reduce" for c in log.take()))
         optimizer.step()
         out[version] = {"all_reduces_per_micro_step": per_micro, "final": flat_params(model)}
+    # Forward and backward on opposite sides of no_sync(): DDP decides in forward (distributed.py
+    # ``_pre_forward``/``_post_forward`` read ``require_backward_grad_sync``), a hook-based version in backward.
+    placement = {}
+    for version in ("overlap", "bucket", "ddp"):
+        model = wrap(version, toy_model(args.seed), group)
+        x, y = batch(args.seed, 250, args.batch_size * 2, 10, 5)
+        counts = {}
+        for where in ("forward inside", "backward inside"):
+            with log:
+                if where == "forward inside":
+                    with model.no_sync():
+                        loss = F.mse_loss(model(shard(x, rank, 2)), shard(y, rank, 2))
+                    loss.backward()
+                else:
+                    loss = F.mse_loss(model(shard(x, rank, 2)), shard(y, rank, 2))
+                    with model.no_sync():
+                        loss.backward()
+            counts[where] = sum(c["op"] == "all_reduce" for c in log.take())
+            if counts[where] and not isinstance(model, DDP):
+                sync(model)  # the hooks launched all-reduces: wait for them
+            model.zero_grad(set_to_none=True)
+        placement[version] = counts
     # DDP's answer to a parameter that gets no gradient on one rank: only rank 0 takes the branch
     model = ddp(branch_model(args.seed), group, find_unused_parameters=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
@@ -319,7 +488,7 @@ def part_cases(args, rank, world_size):
         F.mse_loss(model(x), y).backward()
         optimizer.step()
     runfolder.report({"part": "cases", "no_sync": out, "k": k, "find_unused_digest": digest(model.parameters()),
-                      "find_unused_steps": 3})
+                      "find_unused_steps": 3, "no_sync_placement": placement})
 
 
 def branch_model(seed):
@@ -341,10 +510,23 @@ def part_hang(args, rank, world_size):
     model = BucketDDP(branch_model(args.seed), bucket_cap_mb=CAPS[1])
     x, y = branch_batch(args.seed, 0, rank, args.batch_size)
     F.mse_loss(model(x), y).backward()
-    runfolder.report({"part": "hang", "took_branch": bool(x[0, 0] > 0),
-                      "gradients": sum(p.grad is not None for p in model.parameters()),
-                      "parameters": sum(1 for _ in model.parameters())})
-    model.finish_gradient_synchronization()  # rank 1 waits here for the branch's gradient: for ever
+    report = {"part": "hang", "took_branch": bool(x[0, 0] > 0),
+              "gradients": sum(p.grad is not None for p in model.parameters()),
+              "parameters": sum(1 for _ in model.parameters())}
+    runfolder.report(report)
+    t0 = time.perf_counter()
+    try:
+        # Rank 0 launched its bucket: its all-reduce waits for rank 1, which never launches that bucket,
+        # until gloo's timeout (the group's, --pg-timeout). Rank 1 waits on its own bucket's Future, which
+        # nothing will ever complete: no timeout applies to it.
+        model.finish_gradient_synchronization()
+    except RuntimeError as exc:
+        # The lab notes rank 0's error and ends this rank, so that the notebook sees both ranks: this one's
+        # error and the other still waiting. (A training script lets it raise; a fail-fast launcher then
+        # stops every rank at once.)
+        runfolder.report({**report, "error": str(exc).splitlines()[0], "error_after_s": time.perf_counter() - t0})
+        return
+    raise AssertionError("finish_gradient_synchronization returned: a bucket was all-reduced with no peer")
 
 
 def parser():
@@ -359,7 +541,10 @@ def body(args, rank, world_size):
     if unknown:
         raise SystemExit(f"no part(s) {unknown}; the parts are {', '.join(PARTS)}")
     for part in wanted:
+        t0 = time.perf_counter()
         globals()[f"part_{part}"](args, rank, world_size)
+        if rank == 0 and part != "hang":  # progress, echoed live by run_lab
+            print(f"{part}: done in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
 if __name__ == "__main__":

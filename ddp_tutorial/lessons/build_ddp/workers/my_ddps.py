@@ -8,12 +8,19 @@ the group. They differ in how and when they all-reduce:
     NaiveDDP        one blocking all_reduce per gradient, after backward
     FlatDDP         one blocking all_reduce of every gradient in one flat tensor, after backward
     OverlapDDP      one async all_reduce per gradient, launched by a hook the moment it is ready
-    BucketDDP       gradients grouped into buckets (reverse registration order, up to a cap);
-                    a bucket's async all_reduce starts when its last gradient arrives
+    BucketDDP       gradients grouped into buckets (reverse registration order, each bucket at most
+                    the cap); a bucket's async all_reduce starts when its last gradient arrives
 
-``SimulatedGpuKernel`` is a layer whose backward waits without using the CPU,
-the way a CPU thread waits for a GPU kernel: it makes overlap visible on a
-2-core machine where compute and gloo's threads would otherwise share the cores.
+torch's DDP differs (torch 2.13, ``nn/parallel/distributed.py`` and ``reducer.cpp``): its first
+iteration uses one bucket of every parameter in registration order; then it rebuilds the buckets
+in the order the gradients arrived, each closing once it reaches the cap (so it can pass it);
+it launches a bucket only after every earlier one; it multiplies each gradient by 1/W while
+copying it into its bucket; it broadcasts buffers before every forward; and ``no_sync`` is
+decided by the forward. Notebook 11 measures each of these.
+
+``SimulatedGpuKernel`` is a layer whose backward waits without using the CPU (its autograd
+function is ``_WaitLikeAGpu``), the way a CPU thread waits for a GPU kernel: it makes overlap
+visible on a 2-core machine where compute and gloo's threads would otherwise share the cores.
 """
 
 from __future__ import annotations
@@ -53,8 +60,8 @@ class NaiveDDP(torch.nn.Module):
 
 
 class FlatDDP(NaiveDDP):
-    """After backward: every gradient copied into one flat tensor (in reverse registration order, as
-    DDP lays out its buckets), one all_reduce, then divide by W and copy back."""
+    """After backward: every gradient copied into one flat tensor (in reverse registration order, the
+    order backward usually produces them), one all_reduce, then divide by W and copy back."""
 
     def finish_gradient_synchronization(self):
         grads = [p.grad for p in reversed(list(self.module.parameters())) if p.grad is not None]
@@ -76,6 +83,9 @@ class OverlapDDP(NaiveDDP):
                 p.register_post_accumulate_grad_hook(self._launch)
 
     def _launch(self, p):
+        # Decided here, in backward: a backward run inside no_sync() skips its all-reduce whatever the forward
+        # did. torch's DDP decides in forward (distributed.py reads require_backward_grad_sync in _pre_forward
+        # and _post_forward): for it, the forward's side of the `with` counts.
         if self.sync:
             p.grad.div_(dist.get_world_size(self.group))  # before the launch: never touch it after
             self.handles.append(dist.all_reduce(p.grad, group=self.group, async_op=True))
@@ -96,8 +106,14 @@ class OverlapDDP(NaiveDDP):
 
 
 class BucketDDP(OverlapDDP):
-    """Gradients in buckets of at most ``bucket_cap_mb``, in reverse registration order (the order
-    backward usually produces them); a bucket is all-reduced, flat, once its last gradient is in."""
+    """Gradients in buckets in reverse registration order (the order backward usually produces them),
+    a new bucket started when the next gradient would pass ``bucket_cap_mb`` (so a bucket holds at
+    most the cap, unless one gradient alone is bigger); a bucket is all-reduced, flat, once its last
+    gradient is in, as soon as it is ready (torch's DDP waits for every earlier bucket first).
+
+    torch's DDP fills its buckets the other way (reducer.cpp ``compute_bucket_assignment_by_size``: a
+    bucket closes once ``bucket.size >= bucket_size_limit``, so it can pass the cap), in registration
+    order in one bucket for the first iteration, then in the order the gradients arrived."""
 
     def __init__(self, module, bucket_cap_mb=25.0, group=None):
         NaiveDDP.__init__(self, module, group)
@@ -133,9 +149,10 @@ class BucketDDP(OverlapDDP):
             work.get_future().add_done_callback(functools.partial(_pass_on, flat=flat, to=self.reduced[i]))
 
     def finish_gradient_synchronization(self):
-        # Every bucket must be reduced before the step. A bucket whose gradient never came was
-        # never launched: waiting for it waits for ever (DDP's find_unused_parameters=True
-        # marks such parameters ready instead).
+        # Every bucket must be reduced before the step; a failed all-reduce raises here (_pass_on).
+        # A bucket whose gradient never came was never launched: its Future is never completed, and
+        # waiting for it waits for ever (DDP's find_unused_parameters=True marks such parameters
+        # ready instead).
         for bucket, reduced in zip(self.buckets, self.reduced):
             flat = reduced.wait()
             for p, part in zip(bucket, flat.split([q.numel() for q in bucket])):

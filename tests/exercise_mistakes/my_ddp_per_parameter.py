@@ -1,5 +1,6 @@
-"""Exercise "my_ddp", correct and shaped unlike the solution: one async all-reduce per gradient (no buckets:
-the cap is accepted and ignored), the sum divided by the world size after the wait."""
+"""Exercise "my_ddp", wrong: one async all-reduce per gradient, each from its own hook: bucket_cap_mb is accepted
+and ignored (one all-reduce per parameter at every cap). Everything else is right: the sum divided by the world
+size after the wait."""
 
 from contextlib import contextmanager
 
