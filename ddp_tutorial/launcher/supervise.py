@@ -81,7 +81,8 @@ def supervise(spec: LaunchSpec, attempt: start.Attempt, deadline: float, t0: flo
         return launch_run(spec, attempt, t0)
     # Failure or deadline: stop everyone, read what is left, then explain.
     failed_on_their_own = {r for r, c in group.exit_codes.items() if c not in (None, 0)}
-    still = [r for r, c in group.exit_codes.items() if c is None]
+    # Still running: not rank 0 once its script is done and it only keeps the store for the others.
+    still = [r for r, c in group.exit_codes.items() if c is None and r not in group.scripts_done]
     if failed is None:  # the deadline: where was each rank? Asked before any rank is stopped.
         group.ask_for_stacks(lambda r: runfolder.stacks_file(spec.run_dir, attempt.number, r).exists(),
                              lambda r: _wrote_stack(spec.run_dir, attempt.number, r), STACKS_WAIT_S)

@@ -41,6 +41,8 @@ class WorkerGroup:
         exit_seen: rank -> ``time.monotonic()`` when its exit was first seen (a rank killed by
             a signal leaves no note of when it failed: this is the best time there is).
         procs: the ranks, ``subprocess.Popen`` or ``warm.WarmRank``.
+        scripts_done: ranks whose script has ended well while the process stays (rank 0 keeps the
+            store until the others exit: ``rank/store.py``).
     """
 
     def __init__(self, cmd: List[str], envs: List[Dict[str, str]], echo: str,
@@ -64,8 +66,12 @@ class WorkerGroup:
         self._pipes: Dict[int, Tuple[int, io.IncrementalNewlineDecoder, object]] = {}
         self._exit_fds: Dict[int, int] = {}  # fd that becomes readable at a rank's exit -> rank
         self._partial: Dict[int, str] = {r: "" for r in range(len(envs))}
-        # Rank 0 hosts the store until this end closes, once the other ranks have exited (``reap``).
+        # Rank 0 hosts the store until this end closes, once the other ranks have exited (``reap``);
+        # it says here when its script has ended (``scripts_done``).
         self._peers, rank0_peers = socket.socketpair() if len(envs) > 1 else (None, None)
+        self.scripts_done: set = set()
+        if self._peers is not None:
+            self._poll.register(self._peers.fileno(), select.POLLIN)
         _LIVE_GROUPS.add(self)
         try:
             for rank, env in enumerate(envs):
@@ -101,7 +107,11 @@ class WorkerGroup:
     def pump(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for output or an exit; handle every line that came."""
         for fd, _ in self._poll.poll(max(0, int(timeout_s * 1000))):
-            if fd in self._exit_fds:
+            if self._peers is not None and fd == self._peers.fileno():
+                if self._peers.recv(1):
+                    self.scripts_done.add(0)  # rank 0's script succeeded; it only hosts the store now
+                self._poll.unregister(fd)
+            elif fd in self._exit_fds:
                 self._unwatch_exit(fd)
             elif fd in self._pipes:
                 rank, decoder, _ = self._pipes[fd]
@@ -155,6 +165,10 @@ class WorkerGroup:
 
     def _close_peers(self) -> None:
         if self._peers is not None:
+            try:
+                self._poll.unregister(self._peers.fileno())
+            except KeyError:  # already, when rank 0 wrote
+                pass
             self._peers.close()  # rank 0 reads end-of-file: it may give up the store and exit
             self._peers = None
 

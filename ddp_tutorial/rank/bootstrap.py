@@ -30,7 +30,7 @@ import threading
 import time
 
 from ddp_tutorial import envvars
-from ddp_tutorial.rank.store import prepare_store
+from ddp_tutorial.rank.store import keep_store_until_peers_exit, prepare_store
 
 def die_with_launcher() -> None:
     """Kill this rank's process group the moment the process that started it is gone.
@@ -181,7 +181,6 @@ def run_rank() -> None:
     reports its exception as Python would, and exits skipping the interpreter's cleanup.
     """
     prepare_store()
-    peers = os.environ.pop(envvars.PEERS_FD, None)  # the script's children must not see it
     notes = RankNotes.for_this_rank()
     if notes:
         notes.write_stacks_when_asked()
@@ -198,38 +197,7 @@ def run_rank() -> None:
             sys.excepthook(type(exc), exc.with_traceback(tb), tb)  # the usual report, from the script on
     if notes:
         notes.close()
-    if peers is not None and code == 0:
-        keep_store_until_peers_exit(int(peers))
     exit_skipping_interpreter_cleanup(code)
-
-
-class _Stopped(Exception):
-    pass
-
-
-def _stopped(signum, frame):
-    raise _Stopped
-
-
-def keep_store_until_peers_exit(peers_fd: int) -> None:
-    """Rank 0, its script done: keep the store it hosts until every other rank has exited.
-
-    torchrun's agent hosts its ranks' store and keeps it for the whole run, so a rank that
-    finishes first never takes the store from a peer still joining or leaving the group;
-    rank 0 hosts it here, and so stays until ``launch`` closes ``peers_fd`` (every other rank
-    has exited). Its script has succeeded: if ``launch`` stops it meanwhile (another rank
-    failed), it still exits 0.
-    """
-    from ddp_tutorial.rank import store
-
-    if not store.hosting():
-        return
-    signal.signal(signal.SIGTERM, _stopped)
-    try:
-        os.read(peers_fd, 1)  # end-of-file: the others are gone (launch never writes)
-    except (_Stopped, OSError):
-        pass
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # exiting now, with the script's code
 
 
 def exit_skipping_interpreter_cleanup(code: int) -> None:
@@ -252,6 +220,8 @@ def exit_skipping_interpreter_cleanup(code: int) -> None:
                 stream.flush()
             except (OSError, ValueError):
                 pass
+        if code == 0:
+            keep_store_until_peers_exit()
         os._exit(code)
 
 

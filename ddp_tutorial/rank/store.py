@@ -15,6 +15,8 @@ from ddp_tutorial import envvars
 
 #: Keeps rank 0's store (and so its server) alive until the process exits.
 _STORE = []
+#: Rank 0's end of the socket that reads end-of-file once every other rank has exited.
+_PEERS = []
 
 
 def store_socket(spec: str):
@@ -103,14 +105,13 @@ class _AfterTorchImport:
         return spec
 
 
-def hosting() -> bool:
-    """Whether this process hosts the store (rank 0, once the script imported torch)."""
-    return bool(_STORE)
-
-
 def prepare_store() -> None:
     """Under ``launch``: rank 0 takes the store's socket now, and hosts the store once torch is in."""
     spec = os.environ.pop(envvars.STORE, None)  # the script's children must not see it
+    peers = os.environ.pop(envvars.PEERS_FD, None)
+    if peers is not None:
+        os.set_inheritable(int(peers), False)
+        _PEERS.append(int(peers))
     if not spec:
         return
     socket_and_port = None
@@ -127,3 +128,24 @@ def prepare_store() -> None:
         host_store(*socket_and_port)
     else:
         sys.meta_path.insert(0, _AfterTorchImport(lambda: host_store(*socket_and_port)))
+
+
+def keep_store_until_peers_exit() -> None:
+    """Rank 0, its script done and successful: keep the store it hosts until every other rank has exited.
+
+    torchrun's agent hosts its ranks' store for the whole run, so a rank that finishes first never
+    takes the store from a peer still joining or leaving the group. Here rank 0 hosts it, and so
+    stays: it tells ``launch`` its script is done (one byte, so it does not count as still running),
+    then waits until ``launch`` closes the other end, once the other ranks have exited. If ``launch``
+    stops it meanwhile (another rank failed), it exits 0 all the same: its script succeeded.
+    """
+    if not (_STORE and _PEERS):
+        return
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    try:
+        os.write(_PEERS[0], b"0")
+        os.read(_PEERS[0], 1)  # end-of-file: the others are gone
+    except OSError:
+        pass
