@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
-from ddp_tutorial import selfcheck
+from ddp_tutorial import maintainer
 from ddp_tutorial.perf import costmodel as perf
 from ddp_tutorial.perf.measure import (accumulation_ratios, allreduce_sweep, ddp_lab, gpu_part, plain_crosscheck,
                                        projection)
-from ddp_tutorial.selfcheck.launch_speed import launch_speed
+from ddp_tutorial.maintainer.launch_speed import launch_speed
 
 
 # -- The whole bench ------------------------------------------------------------
@@ -59,8 +59,8 @@ def run_bench(quick: bool = False, out: Optional[str] = None, notebooks: Optiona
     timed("launch", launch_speed, 1 if quick else 3, world_size=2 if quick else 4)
     timed("gpu", gpu_part, quick)
     if notebooks if notebooks is not None else not quick:
-        timed("notebooks_cold", selfcheck.notebook_suite, warm=False)  # as before warm launches
-        timed("notebooks", selfcheck.notebook_suite)
+        timed("notebooks_cold", maintainer.notebook_suite, warm=False)  # as before warm launches
+        timed("notebooks", maintainer.notebook_suite)
     results["bench_seconds"] = time.perf_counter() - t0
     if out:
         save(results, out)
@@ -272,7 +272,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="with --grade: the --jobs values to compare (default: 1,2)")
     args = parser.parse_args(argv)
     if args.grade is not None:
-        from ddp_tutorial.grade import classbench  # only here: the rest of the bench does not need it
+        from ddp_tutorial.teacher.grade import classbench  # only here: the rest of the bench does not need it
 
         rows = classbench.run(args.grade, [int(n) for n in args.grade_jobs.split(",")])
         print(classbench.format_rows(rows), flush=True)
@@ -286,8 +286,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if args.notebooks is not None and args.notebooks > 0:  # N rounds of the notebook suite, nothing else
         busy = args.notebooks if args.busy_core < 0 else args.busy_core
-        result = selfcheck.notebook_rounds(args.notebooks, busy)
-        print(selfcheck.format_rounds(result), flush=True)
+        result = maintainer.notebook_rounds(args.notebooks, busy)
+        print(maintainer.format_rounds(result), flush=True)
         return 0 if result.get("passed") == result.get("runs") else 1
     if args.busy_core:
         parser.error("--busy-core goes with --notebooks N")

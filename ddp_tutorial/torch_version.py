@@ -9,7 +9,7 @@ torch:
 - older than ``FLOOR`` (or none): ``ImportError``, one line with the version found and the
   ``pip install`` command that fixes it, before anything starts a rank;
 - newer than ``NEWEST_TESTED``: one line on stderr, and the kit goes on (a learner on a
-  newer torch is not locked out; ``python -m ddp_tutorial.selfcheck --torch VERSION`` tests it).
+  newer torch is not locked out; ``python -m ddp_tutorial.maintainer --torch VERSION`` tests it).
 
 Nothing here imports torch (a second or more in every kernel): the version is read from
 ``torch/version.py`` of the torch that ``import torch`` would load.
@@ -100,7 +100,7 @@ def untested(version: Optional[str]) -> Optional[str]:
     parsed = parse(version or "")
     if parsed is not None and parsed > NEWEST_TESTED:
         return (f"ddp_tutorial: torch {version} is newer than the newest tested ({_dotted(NEWEST_TESTED)}); "
-                f"it should work, and `python -m ddp_tutorial.selfcheck --torch {version.split('+')[0]}` "
+                f"it should work, and `python -m ddp_tutorial.maintainer --torch {version.split('+')[0]}` "
                 f"tests it (or: {FIX})")
     return None
 

@@ -78,7 +78,7 @@ def known_files() -> tuple:
     """Every file of the repository, and of the installed torch (as ``torch/...``), as posix paths."""
     repo = []
     for folder, subfolders, files in os.walk(ROOT):
-        # not walked at all: git's, venvs' (.venv, selfcheck's .venv-torch-VERSION: thousands of files)
+        # not walked at all: git's, venvs' (.venv, the maintainer's .venv-torch-VERSION: thousands of files)
         subfolders[:] = [d for d in subfolders if d not in {".git", "__pycache__", "my_work", "runs"}
                          and not d.startswith(".venv")]
         repo += [(Path(folder) / f).relative_to(ROOT).as_posix() for f in files]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_tutorial import grade
+from ddp_tutorial.teacher import grade
 from ddp_tutorial.exercises import SOLUTIONS_DIR
 from ddp_tutorial.launcher import procinfo
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "ddp_tutorial"
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 #: Folders whose files run on the ranks (or are scripts the ranks run), relative to the package.
-RANK_FOLDERS = ("rank", "launcher/forkserver", "exercises/skeletons", "exercises/solutions")
+RANK_FOLDERS = ("rank", "exercises/skeletons", "exercises/solutions")
 #: Notebooks known to import rank code, with the reason; each must still do so (strict xfail).
 
 
@@ -109,6 +109,41 @@ def test_notebook_imports_no_rank_code(path):
         code = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
         found += [name for name in imported_names(ast.parse(code)) if is_rank_module(name)]
     assert found == [], f"{path.name} imports rank code: use lessons.script_source to show it"
+
+
+#: The teacher's and the maintainer's tools: no learner's module or notebook imports them. Only the
+#: commands that run them (``python -m ddp_tutorial.grade``, ``bench --notebooks/--grade``) name them.
+TOOLS = ("ddp_tutorial.teacher", "ddp_tutorial.maintainer")
+COMMANDS = ("ddp_tutorial.grade", "ddp_tutorial.bench")
+
+
+def is_tool(name: str) -> bool:
+    return any(name == t or name.startswith(t + ".") for t in TOOLS)
+
+
+def test_the_learner_s_part_names_no_teacher_or_maintainer_module():
+    found = [f"{path.relative_to(ROOT)}: imports {name}"
+             for path in sorted(PACKAGE.rglob("*.py"))
+             if not is_tool(module_name(path)) and module_name(path) not in COMMANDS
+             for name in imported_names(ast.parse(path.read_text(encoding="utf-8")))
+             if is_tool(name)]
+    assert found == []
+    assert (PACKAGE / "teacher" / "grade").is_dir() and (PACKAGE / "maintainer" / "suite.py").is_file()
+
+
+def test_what_the_notebooks_import_loads_no_teacher_or_maintainer_code():
+    names = sorted({name for path in NOTEBOOKS for cell in nbformat.read(path, as_version=4).cells
+                    if cell.cell_type == "code"
+                    for name in imported_names(ast.parse("\n".join(
+                        line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))))
+                    if name.startswith("ddp_tutorial")})
+    probe = ("import importlib, sys\nfor name in sys.argv[1:]:\n    try:\n        importlib.import_module(name)\n"
+             "    except ModuleNotFoundError:\n        pass  # `from X import f`: f is no module\n"
+             "print('\\n'.join(sorted(sys.modules)))")
+    loaded = subprocess.run([sys.executable, "-c", probe, *names], capture_output=True, text=True,
+                            timeout=300, cwd=ROOT, check=True).stdout.split()
+    assert "ddp_tutorial.exercises" in loaded and "ddp_tutorial.lessons" in loaded, names
+    assert [m for m in loaded if is_tool(m)] == []
 
 
 def test_the_kit_finds_its_worker_scripts_in_their_own_package():

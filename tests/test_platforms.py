@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ddp_tutorial import platforms, torch_version
-from ddp_tutorial.selfcheck import suite
+from ddp_tutorial.maintainer import suite
 
 ROOT = Path(__file__).resolve().parent.parent
 

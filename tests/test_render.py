@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_tutorial import render
+from ddp_tutorial.teacher import render
 
 
 def notebook(path, cells):
@@ -41,10 +41,10 @@ def test_render_executes_into_html_and_leaves_the_notebook_clean(tmp_path):
 
 def test_render_command_exits_1_on_a_failing_notebook_and_refuses_missing_files(tmp_path):
     bad = notebook(tmp_path / "bad.ipynb", [("assert False, 'claim does not hold'", [])])
-    done = subprocess.run([sys.executable, "-m", "ddp_tutorial.render", "--out", str(tmp_path / "o"), str(bad)],
+    done = subprocess.run([sys.executable, "-m", "ddp_tutorial.teacher.render", "--out", str(tmp_path / "o"), str(bad)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and "claim does not hold" in done.stdout and "0 of 1" in done.stdout
-    missing = subprocess.run([sys.executable, "-m", "ddp_tutorial.render", str(tmp_path / "nope.ipynb")],
+    missing = subprocess.run([sys.executable, "-m", "ddp_tutorial.teacher.render", str(tmp_path / "nope.ipynb")],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "not found" in missing.stderr
 

@@ -40,7 +40,7 @@ def test_a_newer_torch_is_named_in_one_line_and_the_kit_still_imports(tmp_path):
     assert out.stdout.strip().startswith("torch 2.99.0 (CUDA 13.0 build), Python ")
     [line] = out.stderr.strip().splitlines()
     assert "torch 2.99.0 is newer than the newest tested (2.15)" in line
-    assert "python -m ddp_tutorial.selfcheck --torch 2.99.0" in line
+    assert "python -m ddp_tutorial.maintainer --torch 2.99.0" in line
 
 
 @pytest.mark.parametrize("version", ["2.9.0", "2.13.0+cpu", "2.15.0"])

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ddp_tutorial import bench, selfcheck
+from ddp_tutorial import bench, maintainer
 from ddp_tutorial.launcher import procinfo
 from ddp_tutorial.perf import measure
 
@@ -31,15 +31,15 @@ def test_notebook_rounds_count_passes_per_notebook(tmp_path, monkeypatch):
         spins.append(on)
         yield None
 
-    monkeypatch.setattr(selfcheck, "busy_core", recorded_busy_core)
-    result = selfcheck.notebook_rounds(rounds=1, busy_rounds=1, folder=str(tmp_path), echo=False)
+    monkeypatch.setattr(maintainer, "busy_core", recorded_busy_core)
+    result = maintainer.notebook_rounds(rounds=1, busy_rounds=1, folder=str(tmp_path), echo=False)
     assert spins == [True]
     assert result["per_notebook"]["a_passes.ipynb"]["passes"] == 1
     assert result["per_notebook"]["b_fails.ipynb"]["passes"] == 0
     assert "a false claim" in result["rounds"][0]["results"]["b_fails.ipynb"]["error"]
     assert (result["passed"], result["runs"]) == (1, 2)
     assert [r["busy_core"] for r in result["rounds"]] == [True]
-    table = selfcheck.format_rounds(result)
+    table = maintainer.format_rounds(result)
     assert "1/2 notebook runs passed" in table and "b_fails.ipynb" in table
 
 
@@ -47,12 +47,12 @@ def test_notebook_rounds_count_passes_per_notebook(tmp_path, monkeypatch):
     (2, 1, [False, True]), (5, 2, [False, False, False, True, True]), (3, 0, [False] * 3),
     (2, 5, [True, True]), (1, -1, [False])])
 def test_the_last_rounds_are_the_busy_ones(rounds, busy, schedule):
-    assert selfcheck.busy_schedule(rounds, busy) == schedule
+    assert maintainer.busy_schedule(rounds, busy) == schedule
 
 
 def test_busy_core_spins_and_stops():
-    with selfcheck.busy_core() as pid:
-        assert selfcheck.SPIN in procinfo.cmdline(pid)
+    with maintainer.busy_core() as pid:
+        assert maintainer.SPIN in procinfo.cmdline(pid)
         assert procinfo.state(pid) == "running", "running, not waiting"
     assert procinfo.state(pid) is None  # stopped and reaped (a zombie is "zombie")
 

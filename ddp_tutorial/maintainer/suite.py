@@ -1,7 +1,7 @@
 """The README's test command, run in a venv with a given torch, or many times on fresh clones.
 
-    python -m ddp_tutorial.selfcheck --torch 2.15.0 [--tests notebooks tests/test_launcher.py]
-    python -m ddp_tutorial.selfcheck --suite 6 --busy-core 2 [--tests ...]
+    python -m ddp_tutorial.maintainer --torch 2.15.0 [--tests notebooks tests/test_launcher.py]
+    python -m ddp_tutorial.maintainer --suite 6 --busy-core 2 [--tests ...]
 
 ``--torch`` builds (once; it is kept) ``.venv-torch-VERSION`` in the checkout, with that torch
 and the rest of ``requirements.txt``, and runs ``pytest`` there. ``--suite`` runs it N times,
@@ -23,7 +23,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from ddp_tutorial.selfcheck import busy_core
+from ddp_tutorial.maintainer import busy_core
 
 #: The README's test command (``pip install -r requirements.txt && pytest``); a test keeps them equal.
 README_TEST_COMMAND = ["pytest"]

@@ -1,4 +1,5 @@
-"""The kit's own self-check: run the notebook suite several times and count passes per notebook.
+"""The maintainer's tools, the kit's checks of itself (no notebook imports them). Here: run the
+notebook suite several times and count passes per notebook.
 
 A claim a notebook asserts must hold on every run, on a quiet machine and on a
 busy one (a shared classroom server), so one green run proves little::

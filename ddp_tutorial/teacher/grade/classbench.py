@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Sequence
 
-from ddp_tutorial import grade
+from ddp_tutorial.teacher import grade
 from ddp_tutorial.exercises import NAMES, SKELETONS_DIR, SOLUTIONS_DIR
 
 MISTAKES_DIR = grade.KIT_ROOT / "tests" / "exercise_mistakes"

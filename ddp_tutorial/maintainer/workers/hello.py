@@ -1,6 +1,6 @@
 """The smallest DDP job: init the process group, one all_reduce, a barrier, tear down.
 
-    torchrun --standalone --nproc-per-node 4 ddp_tutorial/selfcheck/workers/hello.py
+    torchrun --standalone --nproc-per-node 4 ddp_tutorial/maintainer/workers/hello.py
     python -c "import ddp_tutorial as d; d.launch(d.scripts_path('hello.py'), 4)"
 """
 

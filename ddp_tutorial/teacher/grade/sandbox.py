@@ -12,7 +12,7 @@ its stdin. This module, running as root and as pid 1 of the new PID namespace, t
    read-only tmpfs over the folders to hide (the submissions, the grades folder, ...);
 3. brings up the loopback of its new network namespace (the only interface there is);
 4. writes the file into /tmp/check/, owned by the sandbox's own uid;
-5. starts ``python -m ddp_tutorial.grade.checkone`` as that uid, with no capabilities,
+5. starts ``python -m ddp_tutorial.teacher.grade.checkone`` as that uid, with no capabilities,
    ``no_new_privs`` and rlimits on memory, processes, file size and CPU time;
 6. waits for it, then exits: the kernel kills whatever is left in the PID namespace
    (daemons, ``setsid()`` children, a fork loop).
@@ -172,7 +172,7 @@ def main() -> int:
            "DDP_TUTORIAL_RUNS": f"{CHECK_DIR}/runs", "DDP_TUTORIAL_MY_WORK": CHECK_DIR,
            "PYTHONPATH": spec["pythonpath"]}
     result_fd = spec["result_fd"]
-    cmd = [sys.executable, "-m", "ddp_tutorial.grade.checkone", spec["exercise"], path, str(spec["timeout"]),
+    cmd = [sys.executable, "-m", "ddp_tutorial.teacher.grade.checkone", spec["exercise"], path, str(spec["timeout"]),
            str(result_fd)]
     sys.stdout.flush()
     pid = os.fork()

@@ -1,7 +1,7 @@
 """Render every notebook, executed, to HTML: results a teacher can project and learners compare.
 
-    python -m ddp_tutorial.render                       # notebooks/*.ipynb -> rendered/*.html
-    python -m ddp_tutorial.render --out /tmp/class notebooks/04_no_sync_accumulation.ipynb
+    python -m ddp_tutorial.teacher.render                       # notebooks/*.ipynb -> rendered/*.html
+    python -m ddp_tutorial.teacher.render --out /tmp/class notebooks/04_no_sync_accumulation.ipynb
 
 Each notebook runs top to bottom in a fresh kernel started in its own folder
 (as in JupyterLab), with nbconvert's executor; only the HTML is written, so the
@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Sequence
 #: Cells whose output gives an answer away: a hint, a solution, a check of the learner's own (here: untouched) file.
 ANSWER_CELL = re.compile(r"exercises\.(hint|solution)\(|exercises\.check\(\s*[\"'][a-z_]+[\"']\s*\)")
 LEFT_OUT = ("(left out of the reference page: run this cell in the notebook; "
-            "python -m ddp_tutorial.render --answers includes it)")
+            "python -m ddp_tutorial.teacher.render --answers includes it)")
 #: The lab template without the scripts it loads from CDNs (MathJax, require.js, widgets, mermaid).
 OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 {% block html_head_js_requirejs %}{% endblock html_head_js_requirejs %}
@@ -166,7 +166,7 @@ def _render_one(path: Path, out: Path, timeout_per_cell: int, answers: bool) -> 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.render", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.teacher.render", description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", type=Path,
                         help="notebooks to render (default: every notebooks/*.ipynb, in order)")
     parser.add_argument("--out", type=Path, default=Path("rendered"), help="folder for the HTML (default: rendered)")

@@ -39,7 +39,7 @@ from ddp_tutorial.exercises import NAMES
 FILES = {f"{name}.py": name for name in NAMES}
 #: A submitted file larger than this is not checked (a script for these exercises is a few KiB).
 MAX_FILE_BYTES = 1 << 20
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 KIT_ROOT = PACKAGE_ROOT.parent
 #: The sandboxes' uids: slot n (one per check running at once) runs as UID_BASE + n, a uid no one has.
 UID_BASE = 2_100_000_000
@@ -307,7 +307,7 @@ def sandbox_command() -> List[str]:
     # setpriv: the sandbox dies with the grader (parent-death signal); unshare: its own namespaces,
     # and --kill-child takes the PID namespace's first process, and with it every other, when unshare dies.
     return ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "--pid", "--fork", "--kill-child", "--mount",
-            "--net", "--mount-proc", "--", sys.executable, "-m", "ddp_tutorial.grade.sandbox"]
+            "--net", "--mount-proc", "--", sys.executable, "-m", "ddp_tutorial.teacher.grade.sandbox"]
 
 
 #: The sandboxes running now: an interrupted grader stops them all at once.
@@ -460,7 +460,7 @@ def grade(submissions_root, out="grades", jobs: int = 1, timeout: float = 60.0,
         LayoutError: the submissions are not laid out as expected (nothing is written then).
         RuntimeError: this machine cannot run the sandbox.
     """
-    from ddp_tutorial.grade import report
+    from ddp_tutorial.teacher.grade import report
 
     t0 = time.monotonic()
     limits = limits or Limits()

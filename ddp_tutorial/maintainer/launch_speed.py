@@ -28,7 +28,7 @@ def import_torch_seconds(repeats: int = 1) -> float:
 
 
 def launch_phases(run, t0: float, t1: float) -> Dict[str, float]:
-    """Split one probe launch (``selfcheck/workers/launch_probe.py``) into phases, in seconds.
+    """Split one probe launch (``maintainer/workers/launch_probe.py``) into phases, in seconds.
 
     Args:
         run: the probe's ``Run``; each rank reported wall-clock timestamps.

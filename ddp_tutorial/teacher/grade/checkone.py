@@ -1,6 +1,6 @@
 """Inside the sandbox, as the sandbox's uid: ``exercises.check`` one file, the result as JSON on a pipe.
 
-    python -m ddp_tutorial.grade.checkone EXERCISE PATH TIMEOUT FD
+    python -m ddp_tutorial.teacher.grade.checkone EXERCISE PATH TIMEOUT FD
 
 FD is a pipe to the grader, made close-on-exec here first, so neither the
 fork server nor the ranks (the learner's code) inherit it.

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from ddp_tutorial.selfcheck import __main__ as selfcheck_main
-from ddp_tutorial.selfcheck import suite
+from ddp_tutorial.maintainer import __main__ as selfcheck_main
+from ddp_tutorial.maintainer import suite
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# -- selfcheck: another torch, and the suite many times (parsing and reporting only) --------------
+# -- the maintainer's checks: another torch, and the suite many times (parsing and reporting only) --------------
 def test_the_readme_test_command_is_the_one_the_selfcheck_runs():
     readme = (ROOT / "README.md").read_text()
     assert f"pip install -r requirements.txt && {' '.join(suite.README_TEST_COMMAND)}\n" in readme

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from ddp_tutorial import grade
+from ddp_tutorial.teacher import grade
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

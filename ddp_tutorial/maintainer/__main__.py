@@ -1,10 +1,10 @@
-"""``python -m ddp_tutorial.selfcheck``: the kit checks itself (see ``selfcheck/suite.py``).
+"""``python -m ddp_tutorial.maintainer``: the kit checks itself (see ``maintainer/suite.py``).
 
-    python -m ddp_tutorial.selfcheck --torch 2.15.0 --no-pip-config --tests notebooks tests/test_launcher.py
-    python -m ddp_tutorial.selfcheck --torch 2.15.0 --no-pip-config --download-only   # wheels only, for later
-    python -m ddp_tutorial.selfcheck --python 3.10 --tests tests/test_launcher.py   # the demo, then the tests
-    python -m ddp_tutorial.selfcheck --suite 6 --busy-core 2
-    python -m ddp_tutorial.selfcheck --notebooks 5 --busy-core 2
+    python -m ddp_tutorial.maintainer --torch 2.15.0 --no-pip-config --tests notebooks tests/test_launcher.py
+    python -m ddp_tutorial.maintainer --torch 2.15.0 --no-pip-config --download-only   # wheels only, for later
+    python -m ddp_tutorial.maintainer --python 3.10 --tests tests/test_launcher.py   # the demo, then the tests
+    python -m ddp_tutorial.maintainer --suite 6 --busy-core 2
+    python -m ddp_tutorial.maintainer --notebooks 5 --busy-core 2
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from ddp_tutorial import selfcheck
-from ddp_tutorial.selfcheck import suite
+from ddp_tutorial import maintainer
+from ddp_tutorial.maintainer import suite
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.selfcheck", description=__doc__.splitlines()[0],
+    parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.maintainer", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--suite", type=int, metavar="N",
@@ -69,8 +69,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.torch or args.tests:
         parser.error("--notebooks runs every notebook with this torch: for another, use --torch VERSION "
                      "--tests notebooks")
-    result = selfcheck.notebook_rounds(args.notebooks, args.busy_core)
-    print(selfcheck.format_rounds(result))
+    result = maintainer.notebook_rounds(args.notebooks, args.busy_core)
+    print(maintainer.format_rounds(result))
     return 0 if result.get("passed") == result.get("runs") else 1
 
 
