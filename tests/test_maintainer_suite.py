@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ddp_tutorial.maintainer import __main__ as selfcheck_main
-from ddp_tutorial.maintainer import suite
+from ddp_tutorial.maintainer import pythons, suite
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -165,8 +165,8 @@ def test_a_run_of_many_shows_only_pytests_progress_lines_each_after_its_run(tmp_
 
 def test_a_python_that_is_not_there_is_named():
     with pytest.raises(SystemExit, match=r"no Python 2\.99 found"):
-        suite.base_python("2.99")
-    assert suite.base_python(f"{sys.version_info[0]}.{sys.version_info[1]}").exists()
+        pythons.base_python("2.99")
+    assert pythons.base_python(f"{sys.version_info[0]}.{sys.version_info[1]}").exists()
 
 
 def test_a_python_on_path_is_asked_its_version_so_pyenv_s_shim_for_an_unselected_one_is_passed_over(
@@ -176,9 +176,9 @@ def test_a_python_on_path_is_asked_its_version_so_pyenv_s_shim_for_an_unselected
     shim.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     with pytest.raises(SystemExit, match=r"no Python 3\.77 found"):
-        suite.base_python("3.77")
+        pythons.base_python("3.77")
     shim.write_text("#!/bin/sh\necho 3 77 1\n")
-    assert suite.base_python("3.77") == shim
-    assert suite.base_python("3.77.1") == shim
+    assert pythons.base_python("3.77") == shim
+    assert pythons.base_python("3.77.1") == shim
     with pytest.raises(SystemExit, match=r"no Python 3\.77\.2 found"):
-        suite.base_python("3.77.2")
+        pythons.base_python("3.77.2")

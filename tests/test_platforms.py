@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ddp_tutorial import platforms, torch_version
-from ddp_tutorial.maintainer import suite
+from ddp_tutorial.maintainer import pythons
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,7 +41,7 @@ def test_a_clone_imported_by_python_3_9_says_so_in_one_line():
     """A clone on sys.path, not installed (pip would have refused it): the import's last line names
     the Python."""
     try:
-        python = str(suite.base_python("3.9"))
+        python = str(pythons.base_python("3.9"))
     except SystemExit:
         pytest.skip("no Python 3.9 on this machine (the unit test above checks the line)")
     version = subprocess.run([python, "-c", "import platform; print(platform.python_version())"],

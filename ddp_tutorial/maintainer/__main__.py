@@ -15,7 +15,7 @@ import sys
 from typing import Optional, Sequence
 
 from ddp_tutorial import maintainer
-from ddp_tutorial.maintainer import suite
+from ddp_tutorial.maintainer import pythons, suite
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -51,7 +51,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.python is not None:
         if args.torch or args.suite is not None or args.notebooks is not None:
             parser.error("--python goes alone (with --tests, --no-pip-config)")
-        return suite.test_python(args.python, args.tests, args.no_pip_config)
+        return pythons.test_python(args.python, args.tests, args.no_pip_config)
     if args.suite is None and args.notebooks is None:
         if args.torch is None:
             parser.error("say what to run: --torch VERSION, --suite N or --notebooks N")

@@ -4,8 +4,9 @@ One launch of ``workers/build_ddp_lab.py`` (4 ranks) measures every version of
 ``workers/my_ddps.py`` beside torch's DDP on the same models and batches; a
 second, short one shows the hand-made DDP on a parameter that got no gradient:
 one rank's all-reduce fails at the group's timeout, the other waits for ever
-until ``launch``'s deadline. The helpers here turn the records into the tables
-the notebook prints, plots and asserts. No torch is imported here.
+until ``launch``'s deadline. The helpers here (and the overlap part's in
+``overlap.py``, gathered into this package's names) turn the records into the
+tables the notebook prints, plots and asserts. No torch is imported here.
 
     lab = run_lab()                         # construct, exact, overlap, cases: one launch
     print(format_exactness(exactness(lab)))
@@ -21,14 +22,15 @@ from typing import Dict, List
 
 from ddp_tutorial.launcher import LaunchTimeout, warm_ready, launch, worker_script
 from ddp_tutorial.lessons import script_source
+from ddp_tutorial.lessons.build_ddp.overlap import (  # noqa: F401
+    _step_numbers, busy, cap25_buckets, ddp_overlap, describe_overlap, fastest, find_unused_cost,
+    format_side_by_side, overlap_summary, timeline)
+from ddp_tutorial.lessons.build_ddp.records import NAMES, VERSIONS, part_records
 from ddp_tutorial.runfolder import Run
 
 SCRIPT = worker_script(__file__, "build_ddp_lab.py")
 VERSIONS_SCRIPT = worker_script(__file__, "my_ddps.py")
 PARTS = ("construct", "exact", "overlap", "cases")
-VERSIONS = ("naive", "flat", "overlap", "bucket")
-NAMES = {"naive": "NaiveDDP", "flat": "FlatDDP", "overlap": "OverlapDDP", "bucket": "BucketDDP", "ddp": "torch DDP",
-         "ddp_default": "DDP default"}
 #: The toy model's trainable tensors (fc1 weight and bias, fc2 weight = fc3 weight, fc3 bias, out weight and
 #: bias) and their bytes; fc2's frozen bias and the requires_grad=False ``fixed`` are not among them.
 TRAINABLE_TENSORS, TRAINABLE_BYTES = 6, 2132
@@ -61,10 +63,6 @@ def run_lab(world_size: int = 4, steps: int = 5, timeout: float = 120.0, progres
     return run
 
 
-def _records(run: Run, part: str) -> Dict[int, List[dict]]:
-    return {rank: [r for r in run.results(rank) if r.get("part") == part] for rank in range(run.world_size)}
-
-
 def max_diff(a: List[float], b: List[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) else float("inf")
 
@@ -73,7 +71,7 @@ def max_diff(a: List[float], b: List[float]) -> float:
 def construction(run: Run) -> Dict[str, dict]:
     """Per version: did every rank start different and end with rank 0's weights; broadcasts it made."""
     out: Dict[str, dict] = {}
-    for rank, recs in _records(run, "construct").items():
+    for rank, recs in part_records(run, "construct").items():
         for rec in recs:
             row = out.setdefault(rec["version"], {"distinct_before": set(), "after": set(), "rank0": rec["rank0_built"],
                                                   "broadcasts": set()})
@@ -88,7 +86,7 @@ def construction(run: Run) -> Dict[str, dict]:
 def buffers(run: Run) -> Dict[str, dict]:
     """Per version: the buffer each rank set after construction (rank + 1), and the value its next forward saw."""
     out: Dict[str, dict] = {}
-    for rank, recs in _records(run, "buffers").items():
+    for rank, recs in part_records(run, "buffers").items():
         for rec in recs:
             row = out.setdefault(rec["version"], {"set": [], "seen": []})
             row["set"].append(rec["set"])
@@ -100,7 +98,7 @@ def buffers(run: Run) -> Dict[str, dict]:
 def _exact(run: Run) -> Dict[int, Dict[int, dict]]:
     """world size -> rank -> its ``exact`` record."""
     out: Dict[int, Dict[int, dict]] = {}
-    for rank, recs in _records(run, "exact").items():
+    for rank, recs in part_records(run, "exact").items():
         for rec in recs:
             out.setdefault(rec["world_size"], {})[rank] = rec
     return out
@@ -206,159 +204,10 @@ def fill_buckets(sizes: List[int], cap: int, closes_at_cap: bool) -> List[int]:
     return out + ([size] if size else [])
 
 
-# -- 4. Overlap ------------------------------------------------------------------
-def busy(intervals) -> float:
-    """Length of the union of ``(start, end)`` intervals: time with at least one of them in progress."""
-    total, reach = 0.0, float("-inf")
-    for a, b in sorted(i for i in intervals if i[1] > i[0]):
-        if b > reach:
-            total += b - max(a, reach)
-            reach = b
-    return total
-
-
-def _step_numbers(step: dict) -> dict:
-    """One step's times. ``exposed_ms``: from the last gradient to synced, what the step waited for.
-    ``in_flight_ms``: time before the last gradient with at least one all-reduce launched and not yet
-    completed; it counts an all-reduce from its launch, so also while it waits in gloo's queue behind
-    another or for the peer to launch the same one: more than the time spent moving bytes. ``window_ms``:
-    DDP's logger's measure of overlap recomputed, the first launch to the last gradient."""
-    last_grad, backward = max(step["ready"]), step["backward"]
-    ars = step["all_reduces"]
-    first_launch = min(a[0] for a in ars)
-    return {"exposed_ms": 1e3 * (step["synced"] - last_grad),
-            "in_flight_ms": 1e3 * busy([(max(a, backward), min(b, last_grad)) for a, b, _ in ars]),
-            "comm_ms": 1e3 * busy([(a, b) for a, b, _ in ars]),
-            "launched_before_backward_end": sum(start < last_grad for start, _, _ in ars),
-            "bytes_after_backward": sum(b for start, _, b in ars if start >= last_grad),
-            "window_ms": 1e3 * max(0.0, last_grad - first_launch),
-            "backward_ms": 1e3 * (last_grad - backward),
-            "step_ms": 1e3 * (step["step_end"] - step["forward"]),
-            "all_reduces": len(ars), "bytes": sum(b for _, _, b in ars)}
-
-
-def overlap_summary(run: Run) -> Dict[str, dict]:
-    """Per version and DDP: medians over the timed steps (the first left out: warm-up, and DDP's one bucket)
-    and both ranks, and ``least_exposed_ms``, the least exposed communication of those steps: another process
-    on a shared CPU only adds time to a step (a descheduled peer makes every version wait), so the least is the
-    version's own cost. For DDP also ``logger``: its own overlap per iteration and its running mean."""
-    out: Dict[str, dict] = {}
-    for rank, recs in _records(run, "overlap").items():
-        for rec in recs:
-            row = out.setdefault(rec["version"], {"per_step": [], "logger": {}})
-            row["per_step"] += [_step_numbers(s) for s in rec["steps"][1:]]
-            if "buckets" in rec:  # BucketDDP: the bytes of each tensor, per bucket
-                row["buckets"] = rec["buckets"]
-            elif "buckets" in rec["steps"][-1]:  # torch's DDP: (bytes, tensors) per bucket, its last step
-                row["buckets"] = rec["steps"][-1]["buckets"]
-            if "avg_backward_compute_comm_overlap_time" in rec:
-                steps = rec["steps"]
-                per_iteration = [s["logger_overlap_ms"] for s in steps if "logger_overlap_ms" in s]
-                row["logger"][rank] = {
-                    "running_mean_ms": rec["avg_backward_compute_comm_overlap_time"] / 1e6,  # ns -> ms
-                    "per_iteration_ms": per_iteration,
-                    # the same quantity from this lab's clocks, for the same iterations
-                    "window_ms": [_step_numbers(s)["window_ms"] for s in steps[:len(per_iteration)]],
-                    "buckets_per_iteration": [len(s["buckets"]) for s in steps]}
-    for row in out.values():
-        keys = row["per_step"][0].keys()
-        row.update({k: statistics.median(s[k] for s in row["per_step"]) for k in keys})
-        row["least_exposed_ms"] = min(s["exposed_ms"] for s in row["per_step"])
-    finals = [r for recs in _records(run, "overlap_final").values() for r in recs]
-    for version in out:
-        out[version]["same_as_ddp"] = all(f["digests"][version] == f["digests"]["ddp"] for f in finals)
-    return out
-
-
-def ddp_overlap(summary: Dict[str, dict]) -> dict:
-    """DDP's overlap, like with like: its logger per iteration against the lab's clocks for the same
-    iterations (2 on, medians of both ranks), iteration 1 alone, and the logger's running mean."""
-    logger = summary["ddp"]["logger"]
-    later = [v for r in logger.values() for v in r["per_iteration_ms"][1:]]
-    ours = [v for r in logger.values() for v in r["window_ms"][1:]]
-    return {"logger_ms": statistics.median(later), "clocks_ms": statistics.median(ours),
-            "iterations": f"2-{len(next(iter(logger.values()))['per_iteration_ms'])}",
-            "iteration1_ms": statistics.median(r["per_iteration_ms"][0] for r in logger.values()),
-            "running_mean_ms": statistics.median(r["running_mean_ms"] for r in logger.values()),
-            "buckets_per_iteration": next(iter(logger.values()))["buckets_per_iteration"]}
-
-
-def format_side_by_side(summary: Dict[str, dict]) -> str:
-    lines = [f"{'version':<12}{'step ms':>9}{'all-reduces':>13}{'KiB':>7}{'exposed ms':>12}{'in flight ms':>14}"
-             f"{'launched in backward':>22}  final = DDP's"]
-    for v, s in summary.items():
-        lines.append(f"{NAMES[v]:<12}{s['step_ms']:>9.1f}{s['all_reduces']:>13.0f}{s['bytes'] / 1024:>7.0f}"
-                     f"{s['exposed_ms']:>12.1f}{s['in_flight_ms']:>14.1f}{s['launched_before_backward_end']:>22.0f}  "
-                     f"{s['same_as_ddp']}")
-    return "\n".join(lines)
-
-
-def fastest(summary: Dict[str, dict], key: str = "step_ms") -> List[str]:
-    """The versions (and DDP) from the least ``key`` to the most, in this run."""
-    return sorted(summary, key=lambda v: summary[v][key])
-
-
-def describe_overlap(summary: Dict[str, dict]) -> str:
-    """What this run's side by side shows, in sentences built from its numbers (so their direction is the run's)."""
-    least = {v: s["least_exposed_ms"] for v, s in summary.items()}
-    steps = len(summary["flat"]["per_step"])
-    flat = least["flat"]
-    lines = [f"Exposed communication, least of {steps} steps: "
-             + ", ".join(f"{NAMES[v]} {t:.1f} ms" for v, t in least.items()) + "."]
-    for v in ("overlap", "bucket", "ddp"):
-        s = summary[v]
-        lines.append(
-            f"{NAMES[v]} waited {'less' if least[v] < flat else 'more'} than FlatDDP after backward "
-            f"({least[v]:.1f} against {flat:.1f} ms): it launched {s['launched_before_backward_end']:.0f} of its "
-            f"{s['all_reduces']:.0f} all-reduces while backward still had gradients to produce, and left "
-            f"{s['bytes_after_backward'] / 1024:.0f} KiB of {s['bytes'] / 1024:.0f} to after the last gradient.")
-    ov = summary["overlap"]
-    lines.append(
-        f"OverlapDDP had an all-reduce in flight for {ov['in_flight_ms']:.1f} ms of backward (median), "
-        f"{'more' if ov['in_flight_ms'] > summary['flat']['comm_ms'] else 'less'} than FlatDDP's whole all-reduce "
-        f"of the same bytes ({summary['flat']['comm_ms']:.1f} ms): in flight counts each all-reduce from its launch, "
-        "so also while it waits in gloo's queue behind the ones launched before it, and for the peer to launch "
-        "it too; it is time during which communication could happen, not time spent moving bytes.")
-    order = fastest(summary)
-    lines.append("Median step times in this run: " + ", ".join(f"{NAMES[v]} {summary[v]['step_ms']:.1f} ms"
-                                                                for v in order) + " (fastest first).")
-    return "\n".join(textwrap.fill(line, 110) for line in lines)
-
-
-def timeline(run: Run, version: str, step: int = -1) -> Dict[int, dict]:
-    """rank -> one step's events, in ms from that rank's forward start: backward, each gradient ready, each
-    all-reduce (launch, done), the wait after backward."""
-    out = {}
-    for rank, recs in _records(run, "overlap").items():
-        for rec in recs:
-            if rec["version"] != version:
-                continue
-            s = rec["steps"][step]
-            t0 = s["forward"]
-            ms = lambda t: 1e3 * (t - t0)  # noqa: E731
-            out[rank] = {"backward": (ms(s["backward"]), ms(max(s["ready"]))), "ready": [ms(t) for t in s["ready"]],
-                         "all_reduces": [(ms(a), ms(b)) for a, b, _ in s["all_reduces"]],
-                         "synced": ms(s["synced"]), "step_end": ms(s["step_end"])}
-    return out
-
-
-def find_unused_cost(run: Run) -> Dict[str, dict]:
-    """DDP on the timing model, every parameter used, with find_unused_parameters False and True: step time
-    (median ms, both ranks) and the buckets (bytes, parameters) of its last step."""
-    finals = [r for recs in _records(run, "overlap_final").values() for r in recs]
-    return {key: {"step_ms": 1e3 * statistics.median(t for f in finals for t in f["find_unused_step_s"][key]),
-                  "buckets": finals[0]["find_unused_buckets"][key]} for key in ("False", "True")}
-
-
-def cap25_buckets(run: Run) -> list:
-    """DDP's buckets (bytes, parameters) on the timing model with bucket_cap_mb=25, after its rebuild."""
-    return next(r for recs in _records(run, "overlap_final").values() for r in recs)["cap25_buckets"]
-
-
 # -- 6. Cases ----------------------------------------------------------------------
 def cases(run: Run) -> dict:
     """no_sync: all-reduces per micro-step and the final parameters against DDP's; find_unused on a branch."""
-    recs = [r for recs in _records(run, "cases").values() for r in recs]
+    recs = [r for recs in part_records(run, "cases").values() for r in recs]
     rank0 = next(r for r in recs if r["rank"] == 0)
     ddp = rank0["no_sync"]["ddp"]["final"]
     return {"k": rank0["k"],

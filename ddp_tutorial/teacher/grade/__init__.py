@@ -17,247 +17,30 @@ from __future__ import annotations
 
 import base64
 import functools
-import hashlib
 import json
 import os
 import queue
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import threading
 import time
-import zipfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from ddp_tutorial.exercises import NAMES
+from ddp_tutorial.teacher.grade.collect import FILES, LayoutError, collect  # noqa: F401 (FILES: for the command)
+from ddp_tutorial.teacher.grade.outcomes import (CRASHED, FAILED, NOT_SUBMITTED, PACKAGE_ROOT, PASSED, REFUSED,
+                                                 TIMED_OUT, Cache, Limits, Outcome, cache_key, kit_version)
 
-FILES = {f"{name}.py": name for name in NAMES}
-#: A submitted file larger than this is not checked (a script for these exercises is a few KiB).
-MAX_FILE_BYTES = 1 << 20
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 KIT_ROOT = PACKAGE_ROOT.parent
 #: The sandboxes' uids: slot n (one per check running at once) runs as UID_BASE + n, a uid no one has.
 UID_BASE = 2_100_000_000
 #: How a run that hit its deadline is described by the check (``exercises.runs``).
 DEADLINE = "did not finish within"
-
-PASSED, FAILED, CRASHED, TIMED_OUT, NOT_SUBMITTED, REFUSED = (
-    "passed", "failed", "crashed", "timed out", "not submitted", "not graded")
-
-
-class LayoutError(ValueError):
-    """SUBMISSIONS is not laid out as the grader expects; the message says what was expected and found."""
-
-
-@dataclass
-class Limits:
-    """What one check may use. Per process: memory (RLIMIT_AS: ``memory_bytes`` beyond the address space
-    importing torch maps, ``torch_address_space()``), file size, CPU; per check: processes (RLIMIT_NPROC
-    of the sandbox's own uid), the writable /tmp and /dev/shm (tmpfs sizes)."""
-
-    memory_bytes: int = 4 << 30
-    processes: int = 512
-    file_bytes: int = 64 << 20
-    cpu_seconds: int = 600
-    tmp_bytes: int = 512 << 20
-    shm_bytes: int = 256 << 20
-    output_bytes: int = 64 << 10
-
-
-@dataclass
-class Submission:
-    """One learner's files.
-
-    Attributes:
-        learner: the folder's (or zip's) name.
-        origin: the folder or zip it came from.
-        files: exercise -> the file's bytes.
-        refused: exercise -> why that file is not checked (a link, too large, unreadable).
-        skipped: what else was there, each with why it was skipped.
-    """
-
-    learner: str
-    origin: str
-    files: Dict[str, bytes] = field(default_factory=dict)
-    refused: Dict[str, str] = field(default_factory=dict)
-    skipped: List[str] = field(default_factory=list)
-
-
-@dataclass
-class Outcome:
-    """One learner's result on one exercise: what the table, the CSV and the learner's section show."""
-
-    learner: str
-    exercise: str
-    status: str
-    summary: str = ""
-    criteria: List[list] = field(default_factory=list)
-    seconds: float = 0.0
-    cached: bool = False
-    log: str = ""
-
-
-# -- Reading the submissions ---------------------------------------------------------------------------
-def expected_layout(root) -> str:
-    return (f"expected {root}/<learner>/ (a folder, or <learner>.zip, per learner) holding any of "
-            f"{', '.join(FILES)}")
-
-
-def _read_file(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError("not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read(MAX_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
-
-
-def _add(sub: Submission, name: str, data: Optional[bytes], why_not: Optional[str]) -> None:
-    exercise = FILES[name]
-    if why_not is None and data is not None and len(data) > MAX_FILE_BYTES:
-        why_not = f"larger than {MAX_FILE_BYTES >> 10} KiB"
-    if why_not is not None:
-        sub.refused[exercise] = f"{name}: {why_not}"
-    else:
-        sub.files[exercise] = data
-
-
-def _from_folder(folder: Path, learner: str) -> Submission:
-    sub = Submission(learner, str(folder))
-    entries = sorted(os.scandir(folder), key=lambda e: e.name)
-    wrappers = [e for e in entries if e.is_dir(follow_symlinks=False)]
-    if not any(e.name in FILES for e in entries) and len(wrappers) == 1:
-        inner = _from_folder(Path(wrappers[0].path), learner)  # a zip's or a platform's one extra folder
-        inner.skipped = [e.name for e in entries if e is not wrappers[0]] + inner.skipped
-        inner.origin = str(folder)
-        return inner
-    for entry in entries:
-        if entry.name in FILES:
-            if entry.is_symlink():
-                _add(sub, entry.name, None, f"a symbolic link (to {os.readlink(entry.path)}), not a file: "
-                                            "submit the file itself")
-                continue
-            try:
-                _add(sub, entry.name, _read_file(Path(entry.path)), None)
-            except OSError as exc:
-                _add(sub, entry.name, None, f"cannot be read ({exc.strerror or exc})")
-        else:
-            kind = ("a symbolic link" if entry.is_symlink() else "a folder" if entry.is_dir() else
-                    "not an exercise file")
-            sub.skipped.append(f"{entry.name} ({kind})")
-    return sub
-
-
-def _from_zip(path: Path, learner: str) -> Submission:
-    sub = Submission(learner, str(path))
-    try:
-        with zipfile.ZipFile(path) as archive:
-            members = [m for m in archive.infolist() if not m.is_dir()]
-            tops = {m.filename.split("/")[0] for m in members}
-            prefix = ""
-            if len(tops) == 1 and all("/" in m.filename for m in members):
-                prefix = next(iter(tops)) + "/"  # one folder around everything
-            for member in members:
-                name = member.filename[len(prefix):] if member.filename.startswith(prefix) else member.filename
-                if name not in FILES:
-                    sub.skipped.append(f"{member.filename} (not an exercise file)")
-                    continue
-                if stat.S_ISLNK(member.external_attr >> 16):
-                    _add(sub, name, None, "a symbolic link, not a file: submit the file itself")
-                    continue
-                if member.file_size > MAX_FILE_BYTES:
-                    _add(sub, name, None, f"larger than {MAX_FILE_BYTES >> 10} KiB")
-                    continue
-                with archive.open(member) as f:
-                    _add(sub, name, f.read(MAX_FILE_BYTES + 1), None)
-    except (zipfile.BadZipFile, OSError) as exc:
-        sub.skipped.append(f"{path.name} (not a readable zip: {exc})")
-    return sub
-
-
-def collect(root) -> List[Submission]:
-    """Every learner's submission under ``root``, sorted by name.
-
-    Raises:
-        LayoutError: ``root`` is not a folder of learner folders or zips, or no learner submitted anything.
-    """
-    root = Path(root)
-    if not root.is_dir():
-        raise LayoutError(f"{root} is not a folder: {expected_layout(root)}")
-    entries = sorted(os.scandir(root), key=lambda e: (e.name.casefold(), e.name))
-    loose = [e.name for e in entries if e.name in FILES]
-    if loose:
-        raise LayoutError(f"{expected_layout(root)}; found exercise files directly in {root}: {', '.join(loose)}. "
-                          f"Is this one learner's folder? Put it in a folder named for the learner.")
-    submissions, others = [], []
-    for entry in entries:
-        if entry.is_symlink():
-            others.append(f"{entry.name} (a symbolic link, not followed)")
-        elif entry.is_dir():
-            submissions.append(_from_folder(Path(entry.path), entry.name))
-        elif entry.name.lower().endswith(".zip"):
-            submissions.append(_from_zip(Path(entry.path), entry.name[:-4]))
-        else:
-            others.append(f"{entry.name} (not a folder or a .zip)")
-    names = [s.learner for s in submissions]
-    for sub in submissions:
-        if names.count(sub.learner) > 1 and sub.origin.endswith(".zip"):
-            sub.learner += ".zip"
-    if not any(s.files or s.refused for s in submissions):
-        found = ", ".join([f"{s.learner}/ ({', '.join(s.skipped[:4]) or 'empty'})" for s in submissions[:4]]
-                          + others[:4]) or "nothing"
-        raise LayoutError(f"{expected_layout(root)}; found no exercise file in any learner's folder. Found: {found}")
-    for other in others:
-        print(f"skipped {root / other}", flush=True)
-    return submissions
-
-
-# -- The kit's version, and the cache --------------------------------------------------------------------
-def kit_version() -> str:
-    """A hash of every source file of the package: a changed judge, harness or launcher re-checks everything."""
-    digest = hashlib.sha256()
-    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
-        digest.update(str(path.relative_to(PACKAGE_ROOT)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def cache_key(exercise: str, source: bytes, kit: str, timeout: float, limits: Limits) -> str:
-    settings = json.dumps({"exercise": exercise, "kit": kit, "timeout": timeout, "limits": asdict(limits)},
-                          sort_keys=True)
-    return hashlib.sha256(settings.encode() + b"\0" + source).hexdigest()
-
-
-class Cache:
-    """Results of earlier checks in ``<out>/.cache``, one JSON file per learner and exercise."""
-
-    def __init__(self, out: Path):
-        self.folder = out / ".cache"
-        self.folder.mkdir(parents=True, exist_ok=True)
-
-    def _path(self, learner: str, exercise: str) -> Path:
-        return self.folder / f"{hashlib.sha256(learner.encode()).hexdigest()[:20]}-{exercise}.json"
-
-    def get(self, learner: str, exercise: str, key: str) -> Optional[Outcome]:
-        try:
-            saved = json.loads(self._path(learner, exercise).read_text())
-        except (OSError, ValueError):
-            return None
-        if saved.get("key") != key:
-            return None
-        return Outcome(**{**saved["outcome"], "cached": True})
-
-    def put(self, outcome: Outcome, key: str) -> None:
-        path = self._path(outcome.learner, outcome.exercise)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": key, "outcome": asdict(outcome)}))
-        os.replace(tmp, path)  # a run interrupted here leaves the old entry or the new one, never half
 
 
 # -- One check in its sandbox ----------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 The grader (outside) starts::
 
-    unshare --pid --fork --kill-child --mount --net --mount-proc -- python -m ddp_tutorial.grade.sandbox
+    unshare --pid --fork --kill-child --mount --net --mount-proc -- python -m ddp_tutorial.teacher.grade.sandbox
 
 and writes a JSON spec (the exercise, the file's bytes, the limits, the paths to hide) to
 its stdin. This module, running as root and as pid 1 of the new PID namespace, then:

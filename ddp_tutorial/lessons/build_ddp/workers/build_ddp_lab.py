@@ -39,16 +39,18 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 if __package__ in (None, ""):  # run as a file path: make the package importable
     sys.path.insert(0, os.path.abspath(__file__).rsplit(os.sep + "ddp_tutorial" + os.sep, 1)[0])
 
 from ddp_tutorial import runfolder  # noqa: E402
+from ddp_tutorial.lessons.build_ddp.workers.lab_models import (  # noqa: E402
+    ScaleModel, batch, branch_batch, branch_model, toy_model)
+from ddp_tutorial.lessons.build_ddp.workers.lab_recording import ddp, log, quiet_stderr, readiness  # noqa: E402
 from ddp_tutorial.lessons.build_ddp.workers.my_ddps import (  # noqa: E402
     BucketDDP, FlatDDP, NaiveDDP, OverlapDDP, SimulatedGpuKernel)
-from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import digest, flags, generator, run, shard  # noqa: E402
+from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import digest, flags, run, shard  # noqa: E402
 
 PARTS = ("construct", "exact", "overlap", "cases", "hang")
 LR = 0.1
@@ -63,134 +65,11 @@ VERSIONS = {"naive": NaiveDDP, "flat": FlatDDP, "overlap": OverlapDDP,
 WIDE, KERNEL_MS = 384, 10.0
 
 
-class ToyModel(nn.Module):
-    """The cases a first DDP gets wrong: fc3 shares fc2's weight (tied), fc2's bias is frozen, and
-    ``fixed`` is a parameter with requires_grad=False. 6 trainable tensors, 2,132 bytes."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(10, 16), nn.Linear(16, 16)
-        self.fc3, self.out = nn.Linear(16, 16), nn.Linear(16, 5)
-        self.fc3.weight = self.fc2.weight
-        self.fc2.bias.requires_grad_(False)
-        self.fixed = nn.Parameter(torch.randn(16), requires_grad=False)
-
-    def forward(self, x):
-        x = F.relu(self.fc1(x))
-        x = F.relu(self.fc2(x))
-        return self.out(F.relu(self.fc3(x) + self.fixed))
-
-
-class BranchModel(nn.Module):
-    """A branch taken only for inputs whose first column is positive: its parameters may get no gradient."""
-
-    def __init__(self):
-        super().__init__()
-        self.branch, self.body, self.out = nn.Linear(10, 10), nn.Linear(10, 16), nn.Linear(16, 5)
-
-    def forward(self, x):
-        if bool(x[0, 0] > 0):
-            x = x + self.branch(x)
-        return self.out(F.relu(self.body(x)))
-
-
-class ScaleModel(nn.Module):
-    """A layer and a buffer ``scale`` (state that is not trained, as BatchNorm's running statistics)."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(3, 2)
-        self.register_buffer("scale", torch.ones(()))
-
-    def forward(self, x):
-        return self.lin(x) * self.scale
-
-
-def toy_model(seed):
-    torch.manual_seed(seed)
-    return ToyModel()
-
-
 def timing_model(seed):
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(32, WIDE), SimulatedGpuKernel(KERNEL_MS), nn.ReLU(),
                          nn.Linear(WIDE, WIDE), SimulatedGpuKernel(KERNEL_MS), nn.ReLU(),
                          nn.Linear(WIDE, WIDE), SimulatedGpuKernel(KERNEL_MS), nn.ReLU(), nn.Linear(WIDE, 5))
-
-
-def batch(seed, step, rows, d_in, d_out):
-    g = generator(seed, step)
-    return torch.randn(rows, d_in, generator=g), torch.randn(rows, d_out, generator=g)
-
-
-class Collectives:
-    """Every dist.all_reduce and dist.broadcast made while recording: bytes, launch and completion times
-    (perf_counter, this rank's clock; an async one completes when its future does, seen from gloo's thread)."""
-
-    def __init__(self):
-        self.calls, self.recording = [], False
-        all_reduce, broadcast = dist.all_reduce, dist.broadcast
-
-        def recorded(original, op):
-            def call(tensor, *args, **kwargs):
-                rec = {"op": op, "bytes": tensor.numel() * tensor.element_size(), "launch": time.perf_counter()}
-                work = original(tensor, *args, **kwargs)
-                if self.recording:
-                    self.calls.append(rec)
-                if work is None:
-                    rec["done"] = time.perf_counter()
-                else:
-                    work.get_future().then(lambda _: rec.__setitem__("done", time.perf_counter()))
-                return work
-            return call
-
-        dist.all_reduce, dist.broadcast = recorded(all_reduce, "all_reduce"), recorded(broadcast, "broadcast")
-
-    def take(self):
-        calls, self.calls = self.calls, []
-        return calls
-
-    def __enter__(self):
-        self.recording = True
-        return self
-
-    def __exit__(self, *exc):
-        self.recording = False
-
-
-log = Collectives()
-
-
-class BucketLog:
-    """A comm hook's state: each bucket DDP hands to its hook, in launch order (its index, the names of its
-    parameters, its bytes), then the all-reduce of ``allreduce_hook``."""
-
-    def __init__(self, group, names):
-        self.group, self.names, self.launched = group, names, []
-
-    @staticmethod
-    def hook(state, bucket):
-        state.launched.append({"index": bucket.index(), "bytes": bucket.buffer().numel() * 4,
-                               "params": [state.names.get(id(p), "?") for p in bucket.parameters()]})
-        return default_hooks.allreduce_hook(state.group, bucket)
-
-    def take(self):
-        launched, self.launched = self.launched, []
-        return launched
-
-
-def ddp(model, group=None, hook=True, **kwargs):
-    """torch's DDP. With ``hook`` its all-reduces go through Python, ``allreduce_hook`` (a sum of the bucket
-    divided by W), so the log sees them and ``.bucket_log`` records each bucket; without, DDP's default C++
-    path, which multiplies each gradient by 1/W while copying it into its bucket (reducer.cpp
-    ``mark_variable_ready_dense``: ``at::mul_out(bucket_view, grad, 1/div_factor_)``, only when no comm hook
-    is registered). x * (1/3) and x / 3 round differently in float32; with W = 2 or 4 both are exact."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    wrapped = DDP(model, process_group=group, **kwargs)
-    if hook:
-        wrapped.bucket_log = BucketLog(group, names)
-        wrapped.register_comm_hook(wrapped.bucket_log, BucketLog.hook)
-    return wrapped
 
 
 def wrap(version, model, group):
@@ -199,18 +78,6 @@ def wrap(version, model, group):
     if version == "ddp_default":
         return ddp(model, group, hook=False)
     return VERSIONS[version](model, group=group)
-
-
-def readiness(model, ready):
-    """Append (perf_counter, name) to ``ready`` when backward has computed each trainable parameter's gradient.
-
-    A tensor hook (``register_hook``) on a leaf runs before its gradient is accumulated, so before any
-    post-accumulate-grad hook and before DDP's reducer hook (a post hook of the same AccumulateGrad node):
-    the time does not depend on who registered first, and a launch made inside a version's hook for the
-    last gradient comes after the last gradient's time, not before it."""
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            p.register_hook(lambda grad, name=name: ready.append((time.perf_counter(), name)))
 
 
 def sync(model):
@@ -387,22 +254,6 @@ def timed(version, args, rank, group, steps=None, **ddp_kwargs):
                                 group)
 
 
-@contextlib.contextmanager
-def quiet_stderr():
-    """Silence this process's stderr (file descriptor 2) for a while: the reducer warns from C++, straight to it,
-    that find_unused_parameters=True found no unused parameter, which is this measurement's point. An exception
-    still propagates, and is printed once stderr is back."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 def part_overlap(args, rank, world_size):
     group = dist.new_group([0, 1])
     if rank > 1:
@@ -489,18 +340,6 @@ def part_cases(args, rank, world_size):
         optimizer.step()
     runfolder.report({"part": "cases", "no_sync": out, "k": k, "find_unused_digest": digest(model.parameters()),
                       "find_unused_steps": 3, "no_sync_placement": placement})
-
-
-def branch_model(seed):
-    torch.manual_seed(seed)
-    return BranchModel()
-
-
-def branch_batch(seed, step, rank, rows):
-    """Rank 0's batches take the branch (first column positive), rank 1's never do."""
-    x, y = batch(seed, 300 + 10 * step + rank, rows, 10, 5)
-    x[0, 0] = abs(float(x[0, 0])) + 0.1 if rank == 0 else -abs(float(x[0, 0])) - 0.1
-    return x, y
 
 
 # -- hang ----------------------------------------------------------------------
