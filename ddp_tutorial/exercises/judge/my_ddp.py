@@ -24,42 +24,27 @@ What the exercise asks, where torch's DDP does otherwise:
   to have finished reduction in the prior iteration" at the next forward
   (``Reducer::ensure_prior_reduction_finished``); a class that handles it instead, leaving the
   result ``DDP(find_unused_parameters=True)`` gives, passes too. Silence with un-averaged gradients fails.
+
+``my_ddp_records`` holds the thresholds, the criteria's names and the readers of the
+records; ``my_ddp_buckets`` the bucket and overlap criteria; this module the rest.
 """
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
-from ddp_tutorial.exercises.judge.common import (Criterion, max_difference, not_measured, plural,
-                                                 ran_to_end, ranks_text)
+from ddp_tutorial.exercises.judge.common import Criterion, max_difference, not_measured, ran_to_end, ranks_text
+# The bucket and overlap criteria and the thresholds and names, as ``my_ddp.NAME`` (tests and the check use them).
+from ddp_tutorial.exercises.judge.my_ddp_buckets import (  # noqa: F401
+    buckets, fill_at_most, fill_reaching, layouts, overlap)
+from ddp_tutorial.exercises.judge.my_ddp_records import (  # noqa: F401
+    BROADCAST, BUCKETS, CAPS, NO_SYNC, ORDER, OVERLAP, RAN, SAME, SAME_GRAD, TOLERANCE, UNUSED, bytes_text,
+    caps_text, events_by_rank, trainings)
 from ddp_tutorial.exercises.runs import HarnessRun
 
 HARNESS = Path(__file__).resolve().parent.parent / "workers" / "my_ddp_harness.py"
 WORLD_SIZES = (2, 4)
-#: Parameters closer than this to DDP's count as equal. Measured (notebook 11): W = 2 is bit-identical;
-#: at W = 4 the order of the 4-way sum differs and the parameters differ by about 1.5e-8 after 5 steps.
-TOLERANCE = 1e-6
-#: Gradients closer than this to this rank's own (unsynchronised) ones are those: the same ops on the same
-#: values give the same bits; another rank's batch moves them by about 1e-2.
-SAME_GRAD = 1e-7
-STEPS = 3
-#: The caps the harness trains with, in bytes (its CAP_BYTES).
-CAPS = (2**20, 900, 500)
-
-RAN = "runs to the end on every rank, at W = 2 and W = 4"
-BROADCAST = "construction: every rank starts from rank 0's parameters and buffers (a broadcast)"
-SAME = (f"parameters after {STEPS} SGD steps equal torch's DDP within {TOLERANCE:g} (tied weights, a frozen bias, "
-        "a requires_grad=False parameter, a buffer; caps of 1 MiB, 900 and 500 bytes)")
-BUCKETS = ("buckets follow bucket_cap_mb: a new bucket once the next gradient would pass the cap (DDP's rule, "
-           "closing a bucket once it reaches or passes the cap, passes too)")
-OVERLAP = ("overlap: all-reduces launched with async_op=True while backward still had gradients to produce, "
-           "waited for after it")
-NO_SYNC = "no_sync() skips the all-reduce, and the next backward syncs the sum"
-UNUSED = ("a trainable parameter no forward uses: an error on every rank (as torch's DDP raises), "
-          "never un-averaged gradients in silence")
-ORDER = "every rank calls the same collectives in the same order"
 
 HINT = ("In __init__: dist.broadcast(t, src=0) for every parameter and buffer (under torch.no_grad()). Then the "
         "buckets: walk reversed([p for p in module.parameters() if p.requires_grad]) (a list: the same order on "
@@ -72,21 +57,8 @@ HINT = ("In __init__: dist.broadcast(t, src=0) for every parameter and buffer (u
         "no_sync(): a flag the hook reads.")
 
 
-def _records(run: HarnessRun, event: str) -> Dict[int, List[dict]]:
-    return {r: run.events(r, event) for r in run.ranks}
-
-
 def _error_text(runs: List[HarnessRun]) -> str:
     return " ".join(str((run.final(r) or {}).get("error") or "") for run in runs for r in run.ranks)
-
-
-def _bytes(n: int) -> str:
-    return "1 MiB" if n == 2**20 else f"{n:,} bytes"
-
-
-def _caps_text(caps: Sequence[int]) -> str:
-    names = [_bytes(c) for c in caps]
-    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
 
 
 # -- Collectives that part the ranks ----------------------------------------------------------------------
@@ -160,7 +132,7 @@ def ran(runs: List[HarnessRun]) -> Criterion:
 
 def broadcast(runs: List[HarnessRun]) -> Criterion:
     for run in runs:
-        built = {r: recs[-1] for r, recs in _records(run, "construct").items() if recs}
+        built = {r: recs[-1] for r, recs in events_by_rank(run, "construct").items() if recs}
         if len(built) < run.world_size:
             return not_measured(BROADCAST, run)
         differ = [r for r, b in built.items() if b["after"] != b["rank0"]]
@@ -192,11 +164,6 @@ def broadcast(runs: List[HarnessRun]) -> Criterion:
 
 
 # -- Training ---------------------------------------------------------------------------------------------
-def _trains(run: HarnessRun) -> Optional[Dict[int, List[dict]]]:
-    trains = _records(run, "train")
-    return None if any(len(t) < len(CAPS) for t in trains.values()) else trains
-
-
 def _never_reset(trains: Dict[int, List[dict]]) -> Optional[str]:
     """Launches that stop after each training's first step: per-step state that is never reset."""
     for recs in trains.values():
@@ -204,7 +171,7 @@ def _never_reset(trains: Dict[int, List[dict]]) -> Optional[str]:
         if any(c[0] and min(c[1:]) < c[0] for c in counts.values()):
             made = sum(sum(c) for c in counts.values())
             expected = sum(c[0] * len(c) for c in counts.values())
-            shown = "; ".join(f"{c} at {_bytes(cap)}" for cap, c in counts.items())
+            shown = "; ".join(f"{c} at {bytes_text(cap)}" for cap, c in counts.items())
             return (f"all-reduces per step {shown}: {made} launched over the {sum(len(c) for c in counts.values())} "
                     f"steps against {expected}. After the first step fewer buckets are launched: reset the "
                     "per-step state (arrival counts, launched handles) in finish_gradient_synchronization(), "
@@ -263,154 +230,26 @@ def _same_failed(runs: List[HarnessRun]) -> bool:
 def same_as_ddp(runs: List[HarnessRun]) -> Criterion:
     worst = 0.0
     for run in runs:
-        trains = _trains(run)
+        trains = trainings(run)
         if trains is None:
             return not_measured(SAME, run)
         diff = max(max_difference(t["final"], t["ddp_final"]) for recs in trains.values() for t in recs)
         racy = any(s["not_waited"] or s["changed_after_launch"] for recs in trains.values() for t in recs
                    for s in t["steps"])
         if diff > TOLERANCE or racy:  # a race may be won on one run: the mistake is there all the same
-            built = [recs[-1] for recs in _records(run, "construct").values() if recs]
+            built = [recs[-1] for recs in events_by_rank(run, "construct").values() if recs]
             hooked = (min(b["hooked_params"] for b in built), min(b["hooks_registered"] for b in built))
             issue = _train_issue(run, trains, hooked)
             detail = f"W = {run.world_size}: the parameters differ from DDP's by up to {diff:.3g}"
             return Criterion(SAME, False, detail + (f": {issue}" if issue else ""))
         worst = max(worst, diff)
-    return Criterion(SAME, True, f"max difference {worst:.2g} at W = 2 and 4, at caps of {_caps_text(CAPS)}")
-
-
-# -- Buckets ----------------------------------------------------------------------------------------------
-def fill_at_most(sizes: Sequence[int], cap: float) -> List[int]:
-    """Buckets filled in this order, a new one when the next gradient would pass the cap (the exercise's rule)."""
-    buckets: List[int] = []
-    for size in sizes:
-        if buckets and buckets[-1] + size <= cap:
-            buckets[-1] += size
-        else:
-            buckets.append(size)
-    return buckets
-
-
-def fill_reaching(sizes: Sequence[int], cap: float) -> List[int]:
-    """DDP's rule: a bucket closes once it reaches or passes the cap (reducer.cpp,
-    ``compute_bucket_assignment_by_size``: ``if (bucket.size >= bucket_size_limit)``)."""
-    buckets: List[int] = [0]
-    for size in sizes:
-        buckets[-1] += size
-        if buckets[-1] >= cap:
-            buckets.append(0)
-    return [b for b in buckets if b]
-
-
-def layouts(sizes: Sequence[int], cap: int) -> set:
-    """Every bucket layout (sizes, sorted) that filling in some order of the parameters gives, by either rule;
-    a cap read as 10**6 bytes per MB as well (CAPS keep that from changing any layout, but it is no mistake)."""
-    found = set()
-    for limit in (cap, cap / 2**20 * 10**6):
-        for order in itertools.permutations(sizes):
-            found.add(tuple(sorted(fill_at_most(order, limit))))
-            found.add(tuple(sorted(fill_reaching(order, limit))))
-    return found
-
-
-def buckets(runs: List[HarnessRun]) -> Criterion:
-    seen = None
-    for run in runs:
-        trains = _trains(run)
-        if trains is None:
-            return not_measured(BUCKETS, run)
-        for r, recs in trains.items():
-            first = {t["cap"]: t["steps"][0] for t in recs}
-            if any("param" in s["kinds"] for s in first.values()):
-                return not_measured(BUCKETS, run, f"the all-reduces are of parameters, not gradients (see '{SAME}')")
-            if not any(s["all_reduces"] for s in first.values()):
-                return not_measured(BUCKETS, run, "no all-reduce of gradients was launched")
-            if not any(s["launched_in_backward"] or s["in_last_hook"] for s in first.values()):
-                # Buckets are what hooks launch during backward; after it, the one diagnosis is overlap's.
-                return not_measured(BUCKETS, run, f"every all-reduce was launched after backward (see '{OVERLAP[:8]}')")
-            sizes = recs[0]["param_bytes"]
-            made = {cap: s["all_reduces"] for cap, s in first.items()}
-            counts = {cap: len(v) for cap, v in made.items()}
-            where = f"W = {run.world_size}, rank {r}: "
-            caps = _caps_text(list(made))
-            if len(set(counts.values())) == 1:
-                n = counts[CAPS[0]]
-                if n == 1:
-                    return Criterion(BUCKETS, False, where + f"one all-reduce a step at every cap ({caps}): "
-                                     "bucket_cap_mb is ignored, every gradient in one bucket. Start a new bucket "
-                                     "when the next gradient would pass the cap")
-                if n == len(sizes):
-                    return Criterion(BUCKETS, False, where + f"one all-reduce per parameter at every cap ({n} a step "
-                                     f"at {caps}): bucket_cap_mb is ignored. Put the gradients in buckets of up "
-                                     "to the cap, one all-reduce per bucket")
-                return Criterion(BUCKETS, False, where + f"{n} all-reduces a step at every cap ({caps}): the "
-                                 "buckets do not follow bucket_cap_mb")
-            for cap, got in made.items():
-                if sum(got) != sum(sizes):
-                    return Criterion(BUCKETS, False, where + f"at a cap of {_bytes(cap)} a step all-reduced "
-                                     f"{sum(got):,} bytes of gradients ({got}), the trainable gradients are "
-                                     f"{sum(sizes):,}: each trainable gradient belongs in exactly one bucket")
-                if tuple(sorted(got)) not in layouts(sizes, cap):
-                    reverse = list(reversed(sizes))
-                    return Criterion(BUCKETS, False, where + (
-                        f"at a cap of {_bytes(cap)}: all-reduces of {got} bytes. The gradients ({sizes} bytes, "
-                        f"in registration order) filled up to the cap give {fill_at_most(reverse, cap)} in "
-                        f"reverse order (a new bucket when the next gradient would pass the cap), or "
-                        f"{fill_reaching(reverse, cap)} by DDP's rule (a bucket closes once it reaches or passes "
-                        "the cap)"))
-            seen = seen or counts
-    shown = ", ".join(f"{n} at {_bytes(cap)}" for cap, n in seen.items())
-    return Criterion(BUCKETS, True, f"buckets per step: {shown}, each a layout the cap gives")
-
-
-# -- Overlap ----------------------------------------------------------------------------------------------
-def overlap(runs: List[HarnessRun]) -> Criterion:
-    total = {"in": 0, "all": 0}
-    for run in runs:
-        trains = _trains(run)
-        if trains is None:
-            return not_measured(OVERLAP, run)
-        for r, recs in trains.items():
-            sizes = recs[0]["param_bytes"]
-            steps = [(t["cap"], k, s) for t in recs if t["cap"] < sum(sizes) for k, s in enumerate(t["steps"])
-                     if s["launched_in_backward"] or s["in_last_hook"] or s["after_backward"]]
-            if not steps:
-                return not_measured(OVERLAP, run, "no all-reduce was launched")
-            if r == 0 and run is runs[0]:
-                total = {"in": sum(s["overlapping"] for _, _, s in steps),
-                         "all": sum(len([o for o in s["ops"] if o == "all_reduce"]) for _, _, s in steps)}
-            late = [(cap, k, s) for cap, k, s in steps if not s["overlapping"]]
-            if not late:
-                continue
-            cap, k, s = late[0]
-            made = len([o for o in s["ops"] if o == "all_reduce"])
-            where = (f"W = {run.world_size}, rank {r}, cap {_bytes(cap)}, step {k}: {s['overlapping']} of {made} "
-                     "all-reduces overlap backward")
-            if s["blocking_in_backward"]:
-                why = ("blocking all-reduces (no async_op=True) during backward: backward stops until each is done, "
-                       "so nothing runs beside it. Launch with async_op=True and wait in "
-                       "finish_gradient_synchronization()")
-            elif s["waited_in_backward"]:
-                why = ("the all-reduces were waited for during backward (handle.wait() in the hook): backward "
-                       "stops there. Keep the handles; wait in finish_gradient_synchronization()")
-            elif s["in_last_hook"] and not s["after_backward"]:
-                why = (f"{plural(s['in_last_hook'], 'all-reduce')} launched in the last gradient's hook, once backward "
-                       "had produced every gradient: nothing is left for them to overlap. Launch each bucket from "
-                       "the hook of its own last gradient, while backward still computes the others")
-            else:
-                why = (f"{plural(s['after_backward'], 'all-reduce')} launched after backward returned (in "
-                       "finish_gradient_synchronization()): nothing overlaps. Launch them during backward, from "
-                       "p.register_post_accumulate_grad_hook, with async_op=True")
-            return Criterion(OVERLAP, False, f"{where}: {why}")
-    return Criterion(OVERLAP, True, (f"rank 0 at W = 2: {total['in']} of {total['all']} all-reduces at the caps that "
-                                     "make several buckets were launched while backward still had gradients to "
-                                     "produce (counted by a hook that runs before the class's)"))
+    return Criterion(SAME, True, f"max difference {worst:.2g} at W = 2 and 4, at caps of {caps_text(CAPS)}")
 
 
 # -- no_sync, the unused parameter, the order -------------------------------------------------------------
 def no_sync(runs: List[HarnessRun]) -> Criterion:
     for run in runs:
-        recs = {r: v[-1] for r, v in _records(run, "no_sync").items() if v}
+        recs = {r: v[-1] for r, v in events_by_rank(run, "no_sync").items() if v}
         if len(recs) < run.world_size:
             return not_measured(NO_SYNC, run)
         counts = recs[0]["all_reduces"]
@@ -418,7 +257,7 @@ def no_sync(runs: List[HarnessRun]) -> Criterion:
             return Criterion(NO_SYNC, False, f"W = {run.world_size}: all-reduces per micro-batch {counts}: the "
                                              "backward inside no_sync() still all-reduced. Let no_sync() set a flag "
                                              "the hooks read, and skip the launch while it is set")
-        trains = _trains(run)
+        trains = trainings(run)
         if not counts[-1]:
             if trains and not any(s["all_reduces"] for t in trains[0] for s in t["steps"]):
                 return not_measured(NO_SYNC, run, f"no all-reduce at all (see '{SAME}')")
@@ -442,7 +281,7 @@ def no_sync(runs: List[HarnessRun]) -> Criterion:
 def unused(runs: List[HarnessRun]) -> Criterion:
     answers = []
     for run in runs:
-        recs = {r: v[-1] for r, v in _records(run, "unused").items() if v}
+        recs = {r: v[-1] for r, v in events_by_rank(run, "unused").items() if v}
         if len(recs) < run.world_size:
             stuck = [r for r in run.still_running
                      if run.events(r, "segment") and "unused" in run.events(r, "segment")[-1]["name"]]

@@ -25,26 +25,23 @@ has counted a gradient as produced before any hook of the class sees it
 An all-reduce launched once every gradient is produced (in the last gradient's hook,
 or after backward) overlaps nothing.
 
-Each collective is reported the moment it is called (``launch``). The ranks go
-in lockstep, segment by segment (a construction, a step): each posts the
-collectives it called to the store, and a watchdog thread compares them with
-its peers' while a segment runs, so a collective that only some ranks call
-(``mismatch``) stops the run in about a second, named, instead of at gloo's timeout.
+Each collective is reported the moment it is called (``launch``; ``Watch``, in
+``my_ddp_watch.py``). The ranks go in lockstep (``Lockstep``, in ``my_ddp_lockstep.py``),
+segment by segment (a construction, a step): each posts the collectives it called
+to the store, and a watchdog thread compares them with its peers' while a segment
+runs, so a collective that only some ranks call (``mismatch``) stops the run in
+about a second, named, instead of at gloo's timeout.
 Errors are reported (``error``) and then raised: the rank fails as the learner's code did.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import hashlib
-import inspect
-import json
 import os
 import runpy
 import statistics
 import sys
-import threading
 
 import torch
 import torch.distributed as dist
@@ -52,6 +49,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddp_tutorial.exercises.workers.my_ddp_lockstep import Lockstep
+from ddp_tutorial.exercises.workers.my_ddp_watch import Watch, summary
 from ddp_tutorial.rank import bootstrap
 from ddp_tutorial.runfolder import report
 
@@ -64,13 +63,6 @@ globals()[bootstrap.RUNS_THE_SCRIPT] = True
 #: No partial sum lies within 6% of a cap, so a cap read as 10**6 bytes per MB cuts the same buckets.
 CAP_BYTES = (2**20, 900, 500)
 STEPS, K, LR, ROWS = 3, 3, 0.1, 4
-#: Seconds between the watchdog's looks at the peers' collectives while a segment runs.
-POLL_S = 0.5
-#: The collectives of torch.distributed the class may call; all are recorded, and compared across ranks.
-COLLECTIVES = ("all_reduce", "broadcast", "barrier", "reduce", "all_gather", "all_gather_into_tensor",
-               "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "all_to_all", "all_to_all_single",
-               "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
-               "send", "recv", "isend", "irecv")
 
 
 class ToyModel(nn.Module):
@@ -126,199 +118,6 @@ def trainable(model) -> list:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-class MismatchedCollectives(RuntimeError):
-    """The ranks called different collectives in the same segment (a construction, a step)."""
-
-
-def first_difference(mine: list, theirs: list, theirs_done: bool):
-    """Where two ranks' collectives of one segment part: the index, or None while they may still agree.
-
-    Different calls at one index part them; so does a call beyond the end of a peer's finished
-    segment (the peer will never make it). Both are facts whatever the timing: no false alarm."""
-    for i, (a, b) in enumerate(zip(mine, theirs)):
-        if a != b:
-            return i
-    if theirs_done and len(mine) > len(theirs):
-        return len(theirs)
-    return None
-
-
-class Lockstep:
-    """The ranks' collectives compared segment by segment, through the store (never through the group,
-    where a mismatched collective is stuck).
-
-    ``segment(name)`` wraps one construction or step: its end posts this rank's calls and waits
-    for every peer's, and raises ``MismatchedCollectives`` if they differ. Meanwhile a watchdog
-    thread posts the calls so far and reads the peers': a rank stuck in a collective its peers
-    never call reports ``mismatch`` and exits at once (``launch`` then stops the others)."""
-
-    def __init__(self, store, rank: int, world_size: int):
-        self.store, self.rank, self.world_size = store, rank, world_size
-        self.name, self.last, self.index, self.calls = None, None, 0, []
-        self.lock = threading.Lock()
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._watch, name="lockstep-watchdog", daemon=True)
-        self.thread.start()
-
-    def _key(self, index: int, state: str, rank: int) -> str:
-        return f"my_ddp_lockstep/{index}/{state}/{rank}"
-
-    def record(self, op: str, nbytes) -> None:
-        with self.lock:
-            self.calls.append([op, nbytes])
-
-    @property
-    def current(self):
-        return self.name
-
-    @contextlib.contextmanager
-    def segment(self, name: str):
-        with self.lock:
-            self.index, self.name, self.last, self.calls = self.index + 1, name, name, []
-        report({"event": "segment", "name": name})  # where a rank that hangs or crashes was
-        try:
-            yield
-        except BaseException:
-            with self.lock:
-                self.name = None
-            raise
-        self.end()
-
-    def end(self) -> None:
-        with self.lock:
-            index, name, mine, self.name = self.index, self.name, list(self.calls), None
-        self.store.set(self._key(index, "done", self.rank), json.dumps(mine))
-        keys = [self._key(index, "done", r) for r in range(self.world_size)]
-        self.store.wait(keys)  # the store's timeout (the group's) is the backstop
-        seqs = {r: json.loads(self.store.get(k)) for r, k in enumerate(keys)}
-        for r, seq in seqs.items():
-            at = first_difference(mine, seq, True)
-            if at is None:
-                at = first_difference(seq, mine, True)
-            if at is not None:
-                self._report(name, at, mine, seqs, stuck=False)
-                raise MismatchedCollectives(f"in {name}, collective #{at + 1} differs between ranks")
-
-    def _report(self, name, at, mine, seqs, stuck) -> None:
-        report({"event": "mismatch", "segment": name, "index": at, "mine": mine, "stuck": stuck,
-                "peers": {str(r): s for r, s in seqs.items()}})
-
-    def _watch(self) -> None:
-        posted = None
-        while not self.stopped.wait(POLL_S):
-            with self.lock:
-                index, name, mine = self.index, self.name, list(self.calls)
-            if name is None:
-                continue
-            if mine != posted:
-                self.store.set(self._key(index, "now", self.rank), json.dumps(mine))
-                posted = mine
-            seqs = {self.rank: mine}
-            for r in range(self.world_size):
-                if r == self.rank:
-                    continue
-                for state in ("done", "now"):
-                    key = self._key(index, state, r)
-                    if self.store.check([key]):
-                        seqs[r] = json.loads(self.store.get(key))
-                        at = first_difference(mine, seqs[r], state == "done")
-                        if at is not None:
-                            self._report(name, at, mine, seqs, stuck=True)
-                            report({"event": "final", "exit_code": 1, "case": name, "error": {
-                                "type": "MismatchedCollectives", "message": f"stopped in {name}: collective "
-                                f"#{at + 1} is not the one its peers call", "where": None, "traceback": []}})
-                            os._exit(1)  # the main thread may be stuck in that collective: nothing else ends it
-                        break
-
-
-class Watch:
-    """Every collective of the learner's class on the default group, while a segment runs; the Work of each
-    async one is torch's own, watched by patching ``Work.wait`` and ``Work.get_future`` on the class."""
-
-    def __init__(self, lockstep: Lockstep):
-        self.lockstep = lockstep
-        self.calls, self.params, self.produced = [], [], set()
-        self.in_backward = False
-        self.pending = {}  # id(work) -> (work, record): kept alive, so an id is never reused within a step
-        self._originals = {}
-        for op in COLLECTIVES:
-            if hasattr(dist, op):
-                self._originals[op] = getattr(dist, op)
-                setattr(dist, op, self._observed(op, getattr(dist, op)))
-        work = dist.Work
-        self._wait, self._get_future = work.wait, work.get_future
-        watch = self
-
-        def wait(w, *args, **kwargs):
-            result = watch._wait(w, *args, **kwargs)  # an error in the collective raises here, as torch's does
-            watch.waited(w)
-            return result
-
-        def get_future(w):
-            entry = watch.pending.get(id(w))
-            if entry is not None and entry[0] is w:
-                entry[1]["future"] = True  # a future the learner waits for, or chains: not ours to see
-            return watch._get_future(w)
-
-        work.wait, work.get_future = wait, get_future
-
-    def kind(self, tensor) -> str:
-        if not isinstance(tensor, torch.Tensor):
-            return "other"
-        ptr = tensor.data_ptr()
-        if any(p.data_ptr() == ptr for p in self.params):
-            return "param"
-        if any(p.grad is not None and p.grad.data_ptr() == ptr for p in self.params):
-            return "grad"
-        return "other"
-
-    def produced_hook(self, p):
-        def hook(grad):
-            self.produced.add(id(p))
-        return hook
-
-    def _observed(self, op, collective):
-        signature = inspect.signature(collective)
-
-        def observed(*args, **kwargs):
-            try:
-                given = signature.bind(*args, **kwargs).arguments
-            except TypeError:
-                given = {}
-            group = given.get("group")
-            name = self.lockstep.current
-            if name is None or group not in (None, dist.group.WORLD):
-                return collective(*args, **kwargs)
-            tensor = given.get("tensor")
-            nbytes = tensor.numel() * tensor.element_size() if isinstance(tensor, torch.Tensor) else None
-            rec = {"op": op, "bytes": nbytes, "kind": self.kind(tensor), "async": bool(given.get("async_op")),
-                   "produced": len(self.produced), "in_backward": self.in_backward, "waited": False,
-                   "future": False}
-            if isinstance(tensor, torch.Tensor):
-                rec["tensor"], rec["version"] = tensor, tensor._version
-            self.calls.append(rec)
-            self.lockstep.record(op, nbytes)
-            report({"event": "launch", "case": name, "op": op, "bytes": nbytes})
-            work = collective(*args, **kwargs)
-            if work is not None and rec["async"]:
-                self.pending[id(work)] = (work, rec)
-            return work  # torch's own Work, untouched
-        return observed
-
-    def waited(self, work) -> None:
-        entry = self.pending.get(id(work))
-        if entry is None or entry[0] is not work or entry[1]["waited"]:
-            return
-        rec = entry[1]
-        rec.update(waited=True, wait_produced=len(self.produced), wait_in_backward=self.in_backward)
-        if "tensor" in rec:
-            rec["changed_before_wait"] = rec["tensor"]._version != rec["version"]
-
-    def take(self):
-        calls, self.calls, self.pending = self.calls, [], {}
-        return calls
-
-
 def grad_ratio(mine, ddp) -> float:
     """How the class's averaged gradients compare with DDP's: 1 right, W not divided, 1/W divided twice."""
     ratios = []
@@ -339,25 +138,6 @@ def sgd(model):
 
 def grads(model):
     return [None if p.grad is None else p.grad.detach().clone() for p in trainable(model)]
-
-
-def summary(calls: list, produced_total: int) -> dict:
-    """One step's all-reduces, in numbers the judge reads."""
-    reduces = [c for c in calls if c["op"] == "all_reduce"]
-    during = [c for c in reduces if c["produced"] < produced_total]
-    overlapping = [c for c in during if c["async"] and not (c["waited"] and c["wait_produced"] < produced_total)]
-    return {"all_reduces": [c["bytes"] for c in reduces if c["kind"] != "param"],
-            "ops": [c["op"] for c in calls],
-            "kinds": sorted({c["kind"] for c in reduces}),
-            "launched_in_backward": len(during),
-            "overlapping": len(overlapping),
-            "in_last_hook": sum(c["in_backward"] and c["produced"] >= produced_total for c in reduces),
-            "after_backward": sum(not c["in_backward"] for c in reduces),
-            "blocking_in_backward": sum(not c["async"] for c in during),
-            "waited_in_backward": sum(c["async"] and c["waited"] and c["wait_produced"] < produced_total
-                                      for c in during),
-            "not_waited": sum(c["async"] and not c["waited"] and not c["future"] for c in reduces),
-            "changed_after_launch": sum(bool(c.get("changed_before_wait")) for c in reduces)}
 
 
 def wrap(MyDDP, model, watch, lockstep, name, **kwargs):
