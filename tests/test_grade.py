@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import zipfile
@@ -335,3 +336,10 @@ def test_other_layouts_are_refused_saying_what_was_expected(tmp_path, layout, me
         grade.grade(root, tmp_path / "out")
     assert message in str(err.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_grade_command_exits_with_the_grader_s_code(tmp_path):
+    # `python -m ddp_tutorial.grade` is a command module in front of teacher/grade/: a refused layout is exit 2.
+    done = subprocess.run([sys.executable, "-m", "ddp_tutorial.grade", str(tmp_path / "none"), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "is not a folder" in done.stderr, (done.returncode, done.stderr)

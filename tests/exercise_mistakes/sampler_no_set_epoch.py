@@ -15,7 +15,8 @@ try:
     for epoch in range(task.EPOCHS):
         seen = sum(len(x) for x, y in loader)
         # Summed over the ranks (an all-reduce): the whole dataset once, if the shards are right. A
-        # collective also keeps every rank until all have joined: init_process_group does not wait for all.
+        # collective also holds each rank here until every rank has joined the group, which
+        # init_process_group alone does not: it waits for no one.
         together = torch.tensor(seen)
         dist.all_reduce(together)
         print(f"rank {rank}, epoch {epoch}: read {seen} of {len(dataset)} samples, {together.item()} together")
