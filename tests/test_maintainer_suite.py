@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from ddp_tutorial.maintainer import __main__ as selfcheck_main
+from ddp_tutorial.maintainer import __main__ as maintainer_main
 from ddp_tutorial.maintainer import pythons, suite
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 # -- the maintainer's checks: another torch, and the suite many times (parsing and reporting only) --------------
-def test_the_readme_test_command_is_the_one_the_selfcheck_runs():
+def test_the_readme_test_command_is_the_one_the_maintainer_runs():
     readme = (ROOT / "README.md").read_text()
     assert f"pip install -r requirements.txt && {' '.join(suite.README_TEST_COMMAND)}\n" in readme
 
@@ -90,19 +90,19 @@ def test_the_suite_table_counts_failures_per_test_and_shows_each_runs_wall_time(
 
 def test_the_command_says_what_it_needs(capsys):
     with pytest.raises(SystemExit):
-        selfcheck_main.main([])
+        maintainer_main.main([])
     assert "say what to run: --torch VERSION, --suite N or --notebooks N" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        selfcheck_main.main(["--suite", "0"])
+        maintainer_main.main(["--suite", "0"])
     assert "--suite needs N >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        selfcheck_main.main(["--notebooks", "2", "--torch", "2.6.0"])
+        maintainer_main.main(["--notebooks", "2", "--torch", "2.6.0"])
     assert "--torch VERSION --tests notebooks" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        selfcheck_main.main(["--download-only"])
+        maintainer_main.main(["--download-only"])
     assert "--download-only goes with --torch VERSION alone" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        selfcheck_main.main(["--torch", "2.15.0", "--download-only", "--suite", "2"])
+        maintainer_main.main(["--torch", "2.15.0", "--download-only", "--suite", "2"])
     assert "--download-only goes with --torch VERSION alone" in capsys.readouterr().err
 
 

@@ -216,7 +216,7 @@ def run_tests(python: Path, cwd: Path, tests: Sequence[str] = (), timeout: float
         ``returncode``, ``seconds`` (wall), ``cases`` (``junit_cases``), ``summary`` (pytest's
         last line), ``tail`` (the last lines of its output, for a run that left no report).
     """
-    with tempfile.TemporaryDirectory(prefix="ddp-selfcheck-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="ddp-maintainer-") as tmp:
         report = Path(tmp) / "junit.xml"
         cmd = [str(python), "-m", *README_TEST_COMMAND, f"--junitxml={report}", "-o", "junit_logging=all", *tests]
         t0 = time.perf_counter()
