@@ -1,6 +1,6 @@
 """The shipped sbatch script on a real SLURM cluster started on this machine (nothing mocked).
 
-One controller and two nodes on 127.0.0.1 (``ddp_tutorial.lessons.beyond_one_machine.slurm``),
+One controller and two nodes on 127.0.0.1 (``ddp_tutorial.maintainer.slurm``),
 started once for the module and stopped by their pids at the end. Each job is
 the documented ``sbatch --wait`` command (docs/clusters.md); a job that
 outlives its deadline is cancelled and fails the test. Where SLURM cannot run
@@ -21,7 +21,8 @@ from conftest import pid_alive, processes_of_run
 from test_beyond_one_machine import assert_same_params, doc_command, set_option
 
 from ddp_tutorial import TRAIN_SCRIPT, launch
-from ddp_tutorial.lessons.beyond_one_machine import slurm
+from ddp_tutorial.lessons.beyond_one_machine import slurm as lesson
+from ddp_tutorial.maintainer import slurm
 from ddp_tutorial.runfolder import Run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -183,10 +184,10 @@ def test_the_guide_shows_the_shipped_script_as_it_is():
 
 
 def test_the_notebook_cells_say_why_no_job_runs_when_the_cluster_is_down(tmp_path):
-    assert slurm.sbatch_source() == Path(slurm.SBATCH_SCRIPT).read_text()
-    said = slurm.local_job_demo(slurm.LocalCluster(tmp_path / "never-started"))
+    assert lesson.sbatch_source() == Path(slurm.SBATCH_SCRIPT).read_text()
+    said = lesson.local_job_demo(slurm.LocalCluster(tmp_path / "never-started"))
     if WHY_NOT is None:
-        assert "not running" in said and "python -m ddp_tutorial.lessons.beyond_one_machine.slurm start" in said
+        assert "not running" in said and "python -m ddp_tutorial.maintainer.slurm start" in said
     else:
         assert WHY_NOT in said
 
@@ -200,7 +201,8 @@ def test_the_nodes_get_two_free_consecutive_ports_even_when_a_neighbour_is_taken
         busy = taken.getsockname()[1]
         taken.listen()
         # The first candidate's neighbour is taken, then the controller's port comes up, then a free pair.
-        pair = next(p for p in range(29010, 29200, 2) if slurm._port_free(p) and slurm._port_free(p + 1))
+        free = slurm.port_can_be_bound
+        pair = next(p for p in range(29010, 29200, 2) if free(p) and free(p + 1))
         monkeypatch.setattr(slurm, "candidate_ports", lambda: iter([busy - 1, 29000, pair]))
         assert slurm.node_port_pair(ctld=29001) == pair
         monkeypatch.setattr(slurm, "candidate_ports", lambda: iter([busy - 1]))

@@ -41,11 +41,11 @@ def mistakes() -> List[Mistake]:
 
 def format_mistakes(rows: Optional[Sequence[Mistake]] = None) -> str:
     """The mistakes as an aligned text table (name, measured in notebook, what goes wrong)."""
+    from ddp_tutorial.lessons.table import text_table
+
     rows = mistakes() if rows is None else rows
-    width = max(len(m.name) for m in rows)
-    lines = [f"{'mistake':<{width}}  notebook  what goes wrong"]
-    lines += [f"{m.name:<{width}}  {m.notebooks:<8}  {m.what}" for m in rows]
-    return "\n".join(lines)
+    return text_table(["mistake", "notebook", "what goes wrong"],
+                      [(m.name, m.notebooks, m.what) for m in rows])
 
 
 def mistakes_markdown(rows: Optional[Sequence[Mistake]] = None) -> str:

@@ -3,7 +3,7 @@
 Notebook 08 mostly launches train.py itself (multi-node torchrun, checkpoints,
 restarts); ``workers/uneven_join.py`` shows uneven inputs with and without
 ``Join``, and ``workers/gpu_check.sh`` checks the nccl path on a GPU machine.
-``slurm/`` holds the sbatch script and a local SLURM cluster to run it on.
+``slurm/`` holds the sbatch script (the local cluster to run it on is ``maintainer/slurm``).
 """
 
 from pathlib import Path

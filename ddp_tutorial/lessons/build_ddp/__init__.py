@@ -26,6 +26,7 @@ from ddp_tutorial.lessons.build_ddp.overlap import (  # noqa: F401
     _step_numbers, busy, cap25_buckets, ddp_overlap, describe_overlap, fastest, find_unused_cost,
     format_side_by_side, overlap_summary, timeline)
 from ddp_tutorial.lessons.build_ddp.records import NAMES, VERSIONS, part_records
+from ddp_tutorial.lessons.table import text_table
 from ddp_tutorial.runfolder import Run
 
 SCRIPT = worker_script(__file__, "build_ddp_lab.py")
@@ -132,13 +133,12 @@ def _share_differing(a: List[float], b: List[float]) -> float:
 def format_exactness(table: Dict[int, dict]) -> str:
     """One row per W: each version (and DDP's default path) against DDP with allreduce_hook."""
     def cell(c):
-        return f"{'identical' if c['bit_identical'] else format(c['max_diff'], '.1e'):>13}"
-    lines = [f"{'W':>2}  " + "".join(f"{NAMES[v]:>13}" for v in (*VERSIONS, "ddp_default"))
-             + "   float32 rounding (DDP vs float64)"]
-    for w, row in sorted(table.items()):
-        cells = "".join(cell(c) for c in row["versions"].values()) + cell(row["ddp_default"])
-        lines.append(f"{w:>2}  {cells}   {row['ddp_vs_float64']:.1e}")
-    return "\n".join(lines)
+        return "identical" if c["bit_identical"] else f"{c['max_diff']:.1e}"
+    header = ["W", *(NAMES[v] for v in (*VERSIONS, "ddp_default")),
+              "float32 rounding (DDP vs float64)"]
+    return text_table(header,
+                      [(w, *map(cell, row["versions"].values()), cell(row["ddp_default"]),
+                        f"{row['ddp_vs_float64']:.1e}") for w, row in sorted(table.items())])
 
 
 def allreduces_per_step(run: Run, world_size: int = 4) -> Dict[str, dict]:

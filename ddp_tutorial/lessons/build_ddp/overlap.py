@@ -9,6 +9,7 @@ import textwrap
 from typing import Dict, List
 
 from ddp_tutorial.lessons.build_ddp.records import NAMES, part_records
+from ddp_tutorial.lessons.table import text_table
 from ddp_tutorial.runfolder import Run
 
 
@@ -89,13 +90,13 @@ def ddp_overlap(summary: Dict[str, dict]) -> dict:
 
 
 def format_side_by_side(summary: Dict[str, dict]) -> str:
-    lines = [f"{'version':<12}{'step ms':>9}{'all-reduces':>13}{'KiB':>7}{'exposed ms':>12}{'in flight ms':>14}"
-             f"{'launched in backward':>22}  final = DDP's"]
-    for v, s in summary.items():
-        lines.append(f"{NAMES[v]:<12}{s['step_ms']:>9.1f}{s['all_reduces']:>13.0f}{s['bytes'] / 1024:>7.0f}"
-                     f"{s['exposed_ms']:>12.1f}{s['in_flight_ms']:>14.1f}{s['launched_before_backward_end']:>22.0f}  "
-                     f"{s['same_as_ddp']}")
-    return "\n".join(lines)
+    return text_table(["version", "step ms", "all-reduces", "KiB", "exposed ms", "in flight ms",
+                       "launched in backward", "final = DDP's"],
+                      [(NAMES[v], f"{s['step_ms']:.1f}", f"{s['all_reduces']:.0f}",
+                        f"{s['bytes'] / 1024:.0f}", f"{s['exposed_ms']:.1f}",
+                        f"{s['in_flight_ms']:.1f}",
+                        f"{s['launched_before_backward_end']:.0f}", s["same_as_ddp"])
+                       for v, s in summary.items()])
 
 
 def fastest(summary: Dict[str, dict], key: str = "step_ms") -> List[str]:

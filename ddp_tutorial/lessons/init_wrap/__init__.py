@@ -14,6 +14,7 @@ from typing import Dict, List, Sequence
 
 from ddp_tutorial.launcher import LaunchError, LaunchTimeout, WorkerError, launch, port_taken, worker_script
 from ddp_tutorial.lessons import hold_port, rank_results
+from ddp_tutorial.lessons.table import text_table
 
 INIT_SCRIPT = worker_script(__file__, "init_demo.py")
 WRAP_SCRIPT = worker_script(__file__, "wrap_demo.py")
@@ -61,15 +62,12 @@ def init_sweep(world_sizes: Sequence[int] = (1, 2, 4), echo: str = "none") -> Di
 
 
 def format_init_sweep(sweep: Dict[int, List[dict]]) -> str:
-    """One line per rank and world size: all_reduce result and init time."""
-    lines = []
-    for world_size, rows in sweep.items():
-        expected = world_size * (world_size + 1) // 2
-        for r in rows:
-            lines.append(f"world_size {world_size}, rank {r['rank']}: all_reduce(rank + 1) = "
-                         f"{r['all_reduce_sum']:g} (sum = {expected}); init {r['init_s'] * 1e3:6.1f} ms = "
-                         f"wait {r['wait_s'] * 1e3:6.1f} + setup {r['setup_s'] * 1e3:5.1f}")
-    return "\n".join(lines)
+    """One row per rank and world size: all_reduce result and init time (= wait + setup)."""
+    rows = [(w, r["rank"], f"{r['all_reduce_sum']:g}", w * (w + 1) // 2,
+             *(f"{r[k] * 1e3:.1f}" for k in ("init_s", "wait_s", "setup_s")))
+            for w, rs in sweep.items() for r in rs]
+    return text_table(["world_size", "rank", "all_reduce(rank + 1)", "expected sum", "init ms",
+                       "wait ms", "setup ms"], rows)
 
 
 def threads_demo(world_size: int = 4, echo: str = "none") -> List[dict]:
@@ -210,10 +208,11 @@ def broadcast_rows(run) -> List[dict]:
 
 
 def format_broadcast(rows: List[dict]) -> str:
-    """One line per rank: checksum and short digest before and after the wrap."""
-    return "\n".join(f"rank {r['rank']}: checksum before {r['checksum_before']:+.6f} "
-                     f"(digest {r['digest_before'][:12]}), after {r['checksum_after']:+.6f} "
-                     f"(digest {r['digest_after'][:12]})" for r in rows)
+    """One row per rank: checksum and short digest before and after the wrap."""
+    header = ["rank", "checksum before", "digest before", "checksum after", "digest after"]
+    return text_table(header,
+                      [(r["rank"], f"{r['checksum_before']:+.6f}", r["digest_before"][:12],
+                        f"{r['checksum_after']:+.6f}", r["digest_after"][:12]) for r in rows])
 
 
 def gradient_check(run) -> dict:
@@ -251,13 +250,11 @@ def bucket_rows(run, model: str = "deep", rank: int = 0) -> List[dict]:
 
 
 def format_buckets(rows: List[dict]) -> str:
-    """One line per bucket cap: bucket count, sizes in KiB, all-reduces of each backward."""
-    lines = []
-    for r in rows:
-        sizes = ", ".join(f"{s / 1024:.0f}" for s in r["rebuilt_bucket_sizes"])
-        cap = "None" if r["bucket_cap_mb"] is None else f"{r['bucket_cap_mb']:g}"
-        lines.append(f"bucket_cap_mb={cap:<5} {r['num_buckets']} bucket(s) [{sizes}] KiB; "
-                     f"all-reduces per backward: {r['allreduces_all_steps']}")
-    return "\n".join(lines)
+    """One row per bucket cap: bucket count, sizes in KiB, all-reduces of each backward."""
+    return text_table(["bucket_cap_mb", "buckets", "sizes (KiB)", "all-reduces per backward"],
+                      [("None" if r["bucket_cap_mb"] is None else f"{r['bucket_cap_mb']:g}",
+                        r["num_buckets"],
+                        ", ".join(f"{s / 1024:.0f}" for s in r["rebuilt_bucket_sizes"]),
+                        r["allreduces_all_steps"]) for r in rows])
 
 

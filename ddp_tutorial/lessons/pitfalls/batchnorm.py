@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 from ddp_tutorial.lessons.pitfalls.common import max_abs_diff, part, per_rank, ranks_agree
+from ddp_tutorial.lessons.table import text_table
 from ddp_tutorial.runfolder import Run
 
 
@@ -52,18 +53,16 @@ def batchnorm_summary(run: Run) -> dict:
 
 def format_batchnorm(summary: dict) -> str:
     """One line per variant: how far apart the ranks are, and how far from one process."""
-    lines = [f"{summary['world_size']} ranks, torch {summary['torch']}, device {summary['device']}; "
-             "largest absolute differences:",
-             f"{'variant':<33}{'stats across':>13}{'stats vs one':>13}{'eval outputs':>13}{'params vs one':>14}",
-             f"{'':<33}{'ranks':>13}{'process':>13}{'across ranks':>13}{'process':>14}"]
-    for name, label in BATCHNORM_VARIANTS.items():
-        v = summary[name]
-        if "errors" in v:
-            lines.append(f"{label:<33}refused on {summary['device']}: " + " / ".join(v["errors"]))
-            continue
-        lines.append(f"{label:<33}{v['across_ranks']:>13.2e}{v['vs_reference']:>13.2e}"
-                     f"{v['eval_across_ranks']:>13.2e}{v['params_vs_reference']:>14.2e}")
-    return "\n".join(lines)
+    keys = ("across_ranks", "vs_reference", "eval_across_ranks", "params_vs_reference")
+    rows = [(label, *(f"{summary[name][k]:.2e}" for k in keys))
+            for name, label in BATCHNORM_VARIANTS.items() if "errors" not in summary[name]]
+    refused = [f"{label}: refused on {summary['device']}: " + " / ".join(summary[name]["errors"])
+               for name, label in BATCHNORM_VARIANTS.items() if "errors" in summary[name]]
+    title = (f"{summary['world_size']} ranks, torch {summary['torch']}, "
+             f"device {summary['device']}; largest absolute differences:")
+    header = ["variant", "stats across ranks", "stats vs one process", "eval outputs across ranks",
+              "params vs one process"]
+    return "\n".join([text_table(header, rows, title), *refused])
 
 
 def format_broadcast_buffers(summary: dict) -> str:

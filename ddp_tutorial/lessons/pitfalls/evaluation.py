@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from ddp_tutorial.lessons.pitfalls.common import per_rank, ranks_agree, records
+from ddp_tutorial.lessons.table import text_table
 from ddp_tutorial.runfolder import Run
 
 
@@ -49,8 +50,8 @@ def format_evaluation(rows: List[dict], size: Optional[int] = None) -> str:
                   f"  all-reduce over every slot        {p['padded']:.4f}  ({p['padded_counts'][0]}/{p['padded_counts'][1]})",
                   f"  all-reduce over real samples      {p['fixed']:.4f}  ({p['fixed_counts'][0]}/{p['fixed_counts'][1]})",
                   f"  one process on the whole set      {p['true']:.4f}  ({p['true_counts'][0]}/{p['true_counts'][1]})",
-                  ""]
-    lines.append(f"{'size':>5}{'padding':>8}{'mean of means':>15}{'every slot':>12}{'real only':>11}{'true':>8}")
-    lines += [f"{r['size']:>5}{r['padding']:>8}{r['mean_of_means']:>15.4f}{r['padded']:>12.4f}"
-              f"{r['fixed']:>11.4f}{r['true']:>8.4f}" for r in rows]
-    return "\n".join(lines)
+                  "", ""]
+    keys = ("mean_of_means", "padded", "fixed", "true")
+    header = ["size", "padding", "mean of means", "every slot", "real only", "true"]
+    rows = [(r["size"], r["padding"], *(f"{r[k]:.4f}" for k in keys)) for r in rows]
+    return "\n".join(lines) + text_table(header, rows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 from ddp_tutorial.lessons.pitfalls.common import part
+from ddp_tutorial.lessons.table import text_table
 from ddp_tutorial.runfolder import Run
 
 
@@ -22,10 +23,8 @@ def format_lr(summary: dict) -> str:
     s, w = summary, summary["world_size"]
     rows = [(f"one process, lr {s['lr']:g}", "single"), (f"{w} ranks, lr kept at {s['lr']:g}", "kept"),
             (f"{w} ranks, lr {s['scaled_lr']:g} after {s['warmup_steps']} warm-up steps", "scaled")]
-    lines = [f"W = {w} ranks x b = {s['batch_size']} (K = 1): global batch {s['global_batch']}; "
-             f"one process: batch {s['batch_size']}",
-             f"final loss after {s['samples'][-1]} samples seen (and its ratio to one process's):"]
-    for label, key in rows:
-        ratio = f"  ({s['final_ratio'][key]:.2f} x)" if key != "single" else ""
-        lines.append(f"  {label:<40}{s['final'][key]:.4f}{ratio}")
-    return "\n".join(lines)
+    title = (f"W = {w} ranks x b = {s['batch_size']} (K = 1): global batch {s['global_batch']}; "
+             f"one process: batch {s['batch_size']}. After {s['samples'][-1]} samples seen:")
+    return text_table(["run", "final loss", "ratio to one process"],
+                      [(label, f"{s['final'][key]:.4f}", f"{s['final_ratio'].get(key, 1):.2f} x")
+                       for label, key in rows], title)

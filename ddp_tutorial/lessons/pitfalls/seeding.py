@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Dict
 
 from ddp_tutorial.lessons.pitfalls.common import per_rank
+from ddp_tutorial.lessons.table import text_table
 from ddp_tutorial.runfolder import Run
 
 
@@ -43,13 +44,16 @@ def seeding_summary(run: Run) -> dict:
 
 
 def format_seeding(summary: dict) -> str:
-    s, lines = summary, []
-    for key, label in (("same_seed", "one seed on every rank"), ("per_rank_seed", "seed + rank")):
-        c, m, d = s["sampler"][key], s["dropout"][key], s["init_distinct"][key]
-        lines += [f"{label}:",
-                  f"  fresh models: {d} distinct of {s['world_size']}",
-                  f"  sampler: {c['seen']} slots, {c['distinct']} distinct samples of {s['dataset_size']}; "
-                  f"{c['twice_or_more']} seen twice or more, {c['never']} never",
-                  f"  dropout masks per step: {m['distinct_per_step']} distinct of {m['rows_per_step']} samples; "
-                  f"ranks agree on {100 * m['agreement_with_rank0']:.0f} % of the mask bits"]
-    return "\n".join(lines)
+    s, keys = summary, ("same_seed", "per_rank_seed")
+    c, m = s["sampler"], s["dropout"]
+    rows = [("distinct fresh models", *(f"{s['init_distinct'][k]} of {s['world_size']}"
+                                         for k in keys)),
+            ("sampler slots", *(c[k]["seen"] for k in keys)),
+            (f"distinct samples (of {s['dataset_size']})", *(c[k]["distinct"] for k in keys)),
+            ("samples seen twice or more", *(c[k]["twice_or_more"] for k in keys)),
+            ("samples never seen", *(c[k]["never"] for k in keys)),
+            ("distinct dropout masks per step",
+             *(f"{m[k]['distinct_per_step']} of {m[k]['rows_per_step']}" for k in keys)),
+            ("mask bits agreeing with rank 0",
+             *(f"{100 * m[k]['agreement_with_rank0']:.0f} %" for k in keys))]
+    return text_table(["", "one seed on every rank", "seed + rank"], rows)

@@ -8,6 +8,7 @@ import textwrap
 from typing import List, Sequence
 
 from ddp_tutorial.lessons.pitfalls.common import part, per_rank, ranks_agree
+from ddp_tutorial.lessons.table import text_table
 from ddp_tutorial.runfolder import Run
 
 
@@ -108,12 +109,11 @@ def format_unused_verdict(summary: dict) -> str:
 def format_unused_cost(summary: dict) -> str:
     """Medians per wrapping, then each flag's paired extra cost per step."""
     c = summary["cost"]
-    lines = [f"{c['layers']} layers, one backward of each wrapping in turn; per step, ms (median [quartiles]):",
-             f"{'wrapping':<24}{'CPU of this thread':>24}{'wall clock':>24}"]
-    for v in c["cpu"]:
-        cpu, wall = c["cpu"][v], c["wall"][v]
-        lines.append(f"{v:<24}{cpu['median_ms']:>8.2f} [{cpu['q1_ms']:5.2f}, {cpu['q3_ms']:5.2f}]"
-                     f"{wall['median_ms']:>10.2f} [{wall['q1_ms']:5.2f}, {wall['q3_ms']:5.2f}]")
+    spread = lambda t: f"{t['median_ms']:.2f} [{t['q1_ms']:.2f}, {t['q3_ms']:.2f}]"
+    lines = [text_table(["wrapping", "CPU of this thread", "wall clock"],
+                        [(v, spread(c["cpu"][v]), spread(c["wall"][v])) for v in c["cpu"]],
+                        f"{c['layers']} layers, one backward of each wrapping in turn; "
+                        "per step, ms (median [quartiles]):")]
     for v, p in c["paired_cpu"].items():
         w = c["paired_wall"][v]
         lines.append(f"{v}: {p['median_ms']:+.3f} ms CPU per step ({100 * p['relative']:+.1f} %), slower in "

@@ -16,6 +16,7 @@ from ddp_tutorial import TRAIN_SCRIPT, config
 from ddp_tutorial.launcher import launch, worker_script
 from ddp_tutorial.lessons import ORIGINAL_SCRIPT, script_function
 from ddp_tutorial.lessons import mistake_diff  # noqa: F401  (notebooks 03-04 show the original's diffs)
+from ddp_tutorial.lessons.table import text_table
 from ddp_tutorial.runfolder import Run
 
 SAMPLER_SCRIPT = worker_script(__file__, "sampler_demo.py")
@@ -98,12 +99,12 @@ def padding_report(run: Run) -> Dict[str, object]:
 
 
 def print_padding(report: Dict[str, object]) -> None:
-    """The padding example as a small table, one line per rank."""
+    """The padding example as a small table, one row per rank."""
     size, world_size = report["dataset_size"], report["world_size"]
-    print(f"{size} samples over {world_size} ranks")
-    for rank in report["kept"]:
-        print(f"  rank {rank}: drop_last=False -> {report['kept'][rank]!s:<14} "
-              f"drop_last=True -> {report['drop_last'][rank]}")
+    print(text_table(["rank", "drop_last=False", "drop_last=True"],
+                     [(rank, kept, report["drop_last"][rank])
+                      for rank, kept in report["kept"].items()],
+                     f"{size} samples over {world_size} ranks"))
     print(f"drop_last=False: every rank gets ceil({size}/{world_size}) = {math.ceil(size / world_size)}; "
           f"{report['duplicated']} sample(s) appear twice this epoch")
     print(f"drop_last=True:  every rank gets floor({size}/{world_size}) = {size // world_size}; "
@@ -120,10 +121,9 @@ def print_fingerprints(run: Run) -> None:
     """Side by side: the dataset each rank builds with one shared seed, and with per-rank data."""
     for per_rank_bug, label in ((False, "shared seed (train.make_dataset)"),
                                 (True, "per-rank random data (the original demo)")):
-        print(label)
-        for rank, fp in dataset_fingerprints(run, per_rank_bug).items():
-            print(f"  rank {rank}: digest {fp['digest']}  sum of inputs {fp['input_sum']:>9.4f}  "
-                  f"sample 0 starts {fp['first_row']}")
+        print(text_table(["rank", "digest", "sum of inputs", "sample 0 starts"],
+                         [(rank, fp["digest"], f"{fp['input_sum']:.4f}", fp["first_row"])
+                          for rank, fp in dataset_fingerprints(run, per_rank_bug).items()], label))
 
 
 def distinct_datasets(run: Run, per_rank_bug: bool) -> int:
@@ -172,15 +172,8 @@ def allreduce_table(runs: Dict[str, Run], rank: int = 0) -> List[Dict[str, objec
 
 def print_table(rows: List[Dict[str, object]]) -> None:
     """Rows of dicts as aligned columns."""
-    keys = list(rows[0])
-    widths = {k: max(len(k), *(len(_fmt(r[k])) for r in rows)) for k in keys}
-    print("  ".join(k.rjust(widths[k]) for k in keys))
-    for r in rows:
-        print("  ".join(_fmt(r[k]).rjust(widths[k]) for k in keys))
-
-
-def _fmt(value) -> str:
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
+    print(text_table(list(rows[0]), [[f"{v:.3g}" if isinstance(v, float) else v for v in r.values()]
+                                     for r in rows]))
 
 
 def optimizer_step_micros(run: Run, rank: int = 0) -> List[int]:

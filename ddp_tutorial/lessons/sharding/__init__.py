@@ -17,6 +17,7 @@ from typing import Dict, List, Sequence
 
 from ddp_tutorial.launcher import launch, worker_script
 from ddp_tutorial.lessons import script_source
+from ddp_tutorial.lessons.table import text_table
 from ddp_tutorial.runfolder import Run
 
 SCRIPT = worker_script(__file__, "sharding_lab.py")
@@ -80,18 +81,16 @@ def total_bytes(rec: dict) -> int:
 
 def format_memory(table: dict) -> str:
     """Per model and strategy, the bytes each rank holds, and the share of DDP's."""
-    lines = []
+    tables = []
     for model, strategies in table.items():
-        elements = next(iter(strategies["ddp"].values()))["model_elements"]
-        lines.append(f"{model} model, {elements:,} parameters (float32):")
-        lines.append(f"  {'strategy':<41}{'rank':>5}{'parameters':>12}{'gradients':>11}{'Adam state':>12}"
-                     f"{'total':>10}{'of DDP':>8}")
         ddp_total = total_bytes(strategies["ddp"][0])
-        for strategy, ranks in strategies.items():
-            for rank, rec in ranks.items():
-                lines.append(f"  {STRATEGIES[strategy]:<41}{rank:>5}{rec['param_bytes']:>12,}{rec['grad_bytes']:>11,}"
-                             f"{rec['state_bytes']:>12,}{total_bytes(rec):>10,}{total_bytes(rec) / ddp_total:>8.1%}")
-    return "\n".join(lines)
+        rows = [(STRATEGIES[strategy], rank, *(f"{rec[k]:,}" for k in KINDS),
+                 f"{total_bytes(rec):,}", f"{total_bytes(rec) / ddp_total:.1%}")
+                for strategy, ranks in strategies.items() for rank, rec in ranks.items()]
+        title = f"{model} model, {strategies['ddp'][0]['model_elements']:,} parameters (float32):"
+        tables.append(text_table(["strategy", "rank", "parameters", "gradients", "Adam state",
+                                  "total", "of DDP"], rows, title))
+    return "\n".join(tables)
 
 
 def adam_state_bytes(elements: int, tensors: int, element_size: int = 4) -> int:
@@ -173,16 +172,14 @@ def comm_totals(comm: dict) -> Dict[str, dict]:
 
 
 def format_comm(comm: dict) -> str:
-    lines = [f"{'strategy':<41}{'collective':<23}{'calls':>6}{'bytes (full tensors)':>22}{'bus bytes':>22}"]
-    for strategy, ops in comm.items():
-        for op, row in ops.items():
-            lines.append(f"{STRATEGIES[strategy]:<41}{op:<23}{row['calls']:>6}{row['bytes']:>22,}"
-                         f"{row['bus_bytes']:>22,.0f}")
+    rows = [(STRATEGIES[s], op, row["calls"], f"{row['bytes']:,}", f"{row['bus_bytes']:,.0f}")
+            for s, ops in comm.items() for op, row in ops.items()]
     totals = comm_totals(comm)
     base = totals["ddp"]["bus_bytes"]
-    lines.append("bus bytes (nccl-tests' rule), against DDP: " + ", ".join(
-        f"{STRATEGIES[s].split(' (')[0]} {t['bus_bytes'] / base:.2f}x" for s, t in totals.items()))
-    return "\n".join(lines)
+    against = ", ".join(f"{STRATEGIES[s].split(' (')[0]} {t['bus_bytes'] / base:.2f}x"
+                        for s, t in totals.items())
+    header = ["strategy", "collective", "calls", "bytes (full tensors)", "bus bytes"]
+    return (text_table(header, rows) + f"\nbus bytes (nccl-tests' rule), against DDP: {against}")
 
 
 def zero_summary(run: Run) -> dict:
@@ -210,13 +207,11 @@ def fsdp_summary(run: Run) -> dict:
 
 def format_unsharded(events: List[dict]) -> str:
     """One line per layer run: which layers held their whole parameters, and what was all-gathered so far."""
-    lines = []
-    for e in events:
-        whole = [f"{name}: {n:,}" for name, n in e["unsharded"].items() if n]
-        lines.append(f"{e['phase']:<9} of {e['layer']:<12} whole parameters registered: "
-                     f"{', '.join(whole) or 'none':<20}"
-                     f" all-gathered so far in {e['phase']}: {' + '.join(f'{n:,}' for n in e['all_gathered'])}")
-    return "\n".join(lines)
+    rows = [(e["phase"], e["layer"],
+             ", ".join(f"{name}: {n:,}" for name, n in e["unsharded"].items() if n) or "none",
+             " + ".join(f"{n:,}" for n in e["all_gathered"])) for e in events]
+    return text_table(["phase", "layer", "whole parameters registered",
+                       "all-gathered so far in phase"], rows)
 
 
 # -- 4. Compressed gradients -------------------------------------------------------
@@ -274,12 +269,13 @@ def loss_gap(summary: dict, name: str, base: str = "allreduce_hook (fp32)") -> f
 
 
 def format_compress(summary: dict) -> str:
-    lines = [f"{'hook':<34}{'all-reduced per step':>22}{'dtype':>10}{'final loss':>12}{'max |param - fp32|':>20}"]
-    for name, h in summary["hooks"].items():
-        sent = f"{h['bytes_per_step'][0]:,} B" if h["bytes_per_step"] != [0] else "(in C++, not seen)"
-        lines.append(f"{name:<34}{sent:>22}{','.join(h['dtypes']) or '-':>10}{h['losses'][-1]:>12.6f}"
-                     f"{h['max_diff_vs_fp32']:>20.2e}")
-    return "\n".join(lines)
+    rows = [(name,
+             "(in C++, not seen)" if h["bytes_per_step"] == [0]
+             else f"{h['bytes_per_step'][0]:,} B",
+             ",".join(h["dtypes"]) or "-", f"{h['losses'][-1]:.6f}", f"{h['max_diff_vs_fp32']:.2e}")
+            for name, h in summary["hooks"].items()]
+    return text_table(["hook", "all-reduced per step", "dtype", "final loss", "max |param - fp32|"],
+                      rows)
 
 
 # -- 5. The calculator -------------------------------------------------------------
@@ -315,13 +311,10 @@ def calculator(model_params: Sequence[float], devices: int, memory_gib: float,
 
 
 def format_calculator(rows: List[dict], devices: int, memory_gib: float, title: str = "") -> str:
-    lines = [title] if title else []
-    lines.append(f"{'model':>8}  {'strategy':<15}{'bytes/param':>12}{f'GiB per device (of {memory_gib:g})':>28}"
-                 f"  fits on {devices}?")
-    for r in rows:
-        lines.append(f"{_human(r['params']):>8}  {r['strategy']:<15}{r['bytes_per_param']:>12.2f}"
-                     f"{r['gib_per_device']:>28.1f}  {'yes' if r['fits'] else 'no'}")
-    return "\n".join(lines)
+    rows = [(_human(r["params"]), r["strategy"], f"{r['bytes_per_param']:.2f}",
+             f"{r['gib_per_device']:.1f}", "yes" if r["fits"] else "no") for r in rows]
+    return text_table(["model", "strategy", "bytes/param", f"GiB per device (of {memory_gib:g})",
+                       f"fits on {devices}?"], rows, title)
 
 
 def _human(n: float) -> str:

@@ -31,7 +31,6 @@ Flags: ``--parts construct,exact,overlap,cases --steps 5 --batch-size 8 --seed 0
 """
 
 import contextlib
-import os
 import sys
 import time
 
@@ -41,16 +40,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-if __package__ in (None, ""):  # run as a file path: make the package importable
-    sys.path.insert(0, os.path.abspath(__file__).rsplit(os.sep + "ddp_tutorial" + os.sep, 1)[0])
-
-from ddp_tutorial import runfolder  # noqa: E402
-from ddp_tutorial.lessons.build_ddp.workers.lab_models import (  # noqa: E402
+from ddp_tutorial import runfolder
+from ddp_tutorial.lessons.build_ddp.workers.lab_models import (
     ScaleModel, batch, branch_batch, branch_model, toy_model)
-from ddp_tutorial.lessons.build_ddp.workers.lab_recording import ddp, log, quiet_stderr, readiness  # noqa: E402
-from ddp_tutorial.lessons.build_ddp.workers.my_ddps import (  # noqa: E402
+from ddp_tutorial.lessons.build_ddp.workers.lab_recording import ddp, log, quiet_stderr, readiness
+from ddp_tutorial.lessons.build_ddp.workers.my_ddps import (
     BucketDDP, FlatDDP, NaiveDDP, OverlapDDP, SimulatedGpuKernel)
-from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import digest, flags, run, shard  # noqa: E402
+from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import digest, flags, run, shard
 
 PARTS = ("construct", "exact", "overlap", "cases", "hang")
 LR = 0.1

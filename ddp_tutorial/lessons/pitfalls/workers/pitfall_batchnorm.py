@@ -39,10 +39,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-if __package__ in (None, ""):  # run as a file path: make the package importable
-    sys.path.insert(0, os.path.abspath(__file__).rsplit(os.sep + "ddp_tutorial" + os.sep, 1)[0])
-
-from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import (  # noqa: E402
+from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import (
     first_line, flags, regression_batch, reporter, run, shard)
 
 report = reporter("batchnorm")

@@ -22,17 +22,13 @@ Also ``--pg-timeout 60``: seconds a collective may wait for the other ranks.
 """
 
 import contextlib
-import os
 import sys
 
 import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-if __package__ in (None, ""):  # run as a file path: make the package importable
-    sys.path.insert(0, os.path.abspath(__file__).rsplit(os.sep + "ddp_tutorial" + os.sep, 1)[0])
-
-from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import (  # noqa: E402
+from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import (
     digest, flags, max_diff, regression_batch, reporter, run, shard)
 
 report = reporter("clipping")

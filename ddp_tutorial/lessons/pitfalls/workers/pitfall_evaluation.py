@@ -21,7 +21,6 @@ Also ``--pg-timeout 60``: seconds a collective may wait for the other ranks.
 """
 
 import argparse
-import os
 import sys
 
 import torch
@@ -29,10 +28,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.utils.data.distributed import DistributedSampler
 
-if __package__ in (None, ""):  # run as a file path: make the package importable
-    sys.path.insert(0, os.path.abspath(__file__).rsplit(os.sep + "ddp_tutorial" + os.sep, 1)[0])
-
-from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import flags, generator, reporter, run  # noqa: E402
+from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import flags, generator, reporter, run
 
 report = reporter("evaluation")
 

@@ -33,10 +33,7 @@ import time
 import torch
 import torch.distributed as dist
 
-if __package__ in (None, ""):  # run as a file path: make the package importable
-    sys.path.insert(0, os.path.abspath(__file__).rsplit(os.sep + "ddp_tutorial" + os.sep, 1)[0])
-
-from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import flags, reporter, run  # noqa: E402
+from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import flags, reporter, run
 
 report = reporter("hang")
 

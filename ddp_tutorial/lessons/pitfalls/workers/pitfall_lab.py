@@ -11,13 +11,9 @@ Each runs with its default flags and reports exactly as it does alone.
 
 import argparse
 import importlib
-import os
 import sys
 
-if __package__ in (None, ""):  # run as a file path: make the package importable
-    sys.path.insert(0, os.path.abspath(__file__).rsplit(os.sep + "ddp_tutorial" + os.sep, 1)[0])
-
-from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import run  # noqa: E402
+from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import run
 
 
 def parser() -> argparse.ArgumentParser:

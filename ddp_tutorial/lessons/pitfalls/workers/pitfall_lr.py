@@ -20,7 +20,6 @@ Flags: ``--lr 0.1 --batch-size 8 --dataset-size 512 --epochs 3 --warmup-steps 8 
 Also ``--pg-timeout 60``: seconds a collective may wait for the other ranks.
 """
 
-import os
 import sys
 
 import torch
@@ -28,10 +27,8 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-if __package__ in (None, ""):  # run as a file path: make the package importable
-    sys.path.insert(0, os.path.abspath(__file__).rsplit(os.sep + "ddp_tutorial" + os.sep, 1)[0])
-
-from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import flags, regression_batch, reporter, run  # noqa: E402
+from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import (
+    flags, regression_batch, reporter, run)
 
 report = reporter("lr")
 

@@ -16,7 +16,6 @@ Flags: ``--dataset-size 16 --batch-size 4 --steps 3 --seed 0``.
 Also ``--pg-timeout 60``: seconds a collective may wait for the other ranks.
 """
 
-import os
 import sys
 
 import torch
@@ -24,10 +23,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-if __package__ in (None, ""):  # run as a file path: make the package importable
-    sys.path.insert(0, os.path.abspath(__file__).rsplit(os.sep + "ddp_tutorial" + os.sep, 1)[0])
-
-from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import digest, flags, reporter, run  # noqa: E402
+from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import digest, flags, reporter, run
 
 report = reporter("seeding")
 

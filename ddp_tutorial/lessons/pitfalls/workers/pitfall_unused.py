@@ -25,7 +25,6 @@ Flags: ``--steps 6 --batch-size 8 --lr 0.1 --seed 0 --cost-steps 60 --cost-layer
 Also ``--pg-timeout 60``: seconds a collective may wait for the other ranks.
 """
 
-import os
 import sys
 import time
 
@@ -33,10 +32,7 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-if __package__ in (None, ""):  # run as a file path: make the package importable
-    sys.path.insert(0, os.path.abspath(__file__).rsplit(os.sep + "ddp_tutorial" + os.sep, 1)[0])
-
-from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import (  # noqa: E402
+from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import (
     digest, first_line, flags, max_diff, regression_batch, reporter, run, shard)
 
 report = reporter("unused")

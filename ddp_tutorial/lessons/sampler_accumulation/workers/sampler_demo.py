@@ -17,19 +17,14 @@ Each rank reports (``run.result(rank, key)``):
 
 import argparse
 import hashlib
-import os
-import sys
 
 import torch
 import torch.distributed as dist
 from torch.utils.data.distributed import DistributedSampler
 
-if __package__ in (None, ""):  # run as a file path: make the package importable
-    sys.path.insert(0, os.path.abspath(__file__).rsplit(os.sep + "ddp_tutorial" + os.sep, 1)[0])
-
-from ddp_tutorial.runfolder import report  # noqa: E402
-from ddp_tutorial.rank import original  # noqa: E402
-from ddp_tutorial.train import make_dataset, make_inputs  # noqa: E402
+from ddp_tutorial.runfolder import report
+from ddp_tutorial.rank import original
+from ddp_tutorial.train import make_dataset, make_inputs
 
 
 def epoch_orders(dataset_size: int, epochs: int, seed: int, set_epoch: bool):

@@ -8,7 +8,6 @@ counts the state it holds itself (ZeRO's local optimizer holds only its partitio
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from typing import Dict, Iterable, List
 
 import torch
@@ -71,19 +70,6 @@ def held(model: nn.Module, optimizer: torch.optim.Optimizer) -> Dict[str, int]:
 def full_parameters(model: nn.Module) -> List[torch.Tensor]:
     """The whole parameters, gathered if sharded (a collective for FSDP2: call it on every rank)."""
     return [p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in model.parameters()]
-
-
-def digest(tensors: Iterable[torch.Tensor]) -> str:
-    """SHA-256 of the tensors' bytes: equal digests mean bit-identical tensors."""
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-def max_diff(a: Iterable[torch.Tensor], b: Iterable[torch.Tensor]) -> float:
-    """Largest absolute difference between matching tensors, computed in float64."""
-    return max(float((x.detach().double() - y.detach().double()).abs().max()) for x, y in zip(a, b))
 
 
 class CollectiveLog:

@@ -25,7 +25,6 @@ process on the whole batch is the reference. Flags: ``--parts memory,zero,fsdp,c
 --steps 8 --compress-steps 60 --batch-size 16 --seed 0``; ``--pg-timeout 60``.
 """
 
-import os
 import sys
 
 import torch
@@ -37,13 +36,11 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-if __package__ in (None, ""):  # run as a file path: make the package importable
-    sys.path.insert(0, os.path.abspath(__file__).rsplit(os.sep + "ddp_tutorial" + os.sep, 1)[0])
-
-from ddp_tutorial import runfolder, train  # noqa: E402
-from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import flags, generator, run, shard  # noqa: E402
-from ddp_tutorial.lessons.sharding.workers.sharding_common import (  # noqa: E402
-    CollectiveLog, digest, full_parameters, held, max_diff, mlp, optimizer_state)
+from ddp_tutorial import runfolder, train
+from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import (
+    digest, flags, generator, max_diff, run, shard)
+from ddp_tutorial.lessons.sharding.workers.sharding_common import (
+    CollectiveLog, full_parameters, held, mlp, optimizer_state)
 
 PARTS = ("memory", "zero", "fsdp", "compress")
 ADAM_LR = 1e-3

@@ -11,15 +11,11 @@ type and message), ``reinit_ok`` and ``reinit_all_reduce``.
 """
 
 import os
-import sys
 
 import torch
 import torch.distributed as dist
 
-if __package__ in (None, ""):  # run as a file path: make the package importable
-    sys.path.insert(0, os.path.abspath(__file__).rsplit(os.sep + "ddp_tutorial" + os.sep, 1)[0])
-
-from ddp_tutorial.runfolder import report  # noqa: E402
+from ddp_tutorial.runfolder import report
 
 
 def all_reduce_ranks() -> float:

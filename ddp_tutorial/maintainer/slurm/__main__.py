@@ -1,17 +1,17 @@
 """Start, stop or look at the local SLURM cluster.
 
-    python -m ddp_tutorial.lessons.beyond_one_machine.slurm start|stop|status [--folder DIR]
+    python -m ddp_tutorial.maintainer.slurm start|stop|status [--folder DIR]
 """
 
 import argparse
 import sys
 
-from ddp_tutorial.lessons.beyond_one_machine.slurm import DEFAULT_FOLDER, SBATCH_SCRIPT, ClusterError, LocalCluster
+from ddp_tutorial.maintainer.slurm import DEFAULT_FOLDER, SBATCH_SCRIPT, ClusterError, LocalCluster
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.lessons.beyond_one_machine.slurm",
-                                     description="A SLURM controller and two nodes on 127.0.0.1 (root).")
+    parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.maintainer.slurm",
+                                     description="A SLURM controller and two nodes on 127.0.0.1.")
     parser.add_argument("action", choices=["start", "stop", "status"])
     parser.add_argument("--folder", default=str(DEFAULT_FOLDER),
                         help=f"configuration, state and logs (default: {DEFAULT_FOLDER})")
@@ -23,12 +23,13 @@ def main(argv=None) -> int:
             print(f"up: nodes {', '.join(cluster.idle_nodes())} idle. Now:\n"
                   f"  export SLURM_CONF={cluster.conf}\n"
                   f"  sbatch --wait {SBATCH_SCRIPT} --epochs 2 --out runs/slurm\n"
-                  f"and, to stop it: python -m ddp_tutorial.lessons.beyond_one_machine.slurm stop")
+                  f"and, to stop it: python -m ddp_tutorial.maintainer.slurm stop")
         elif args.action == "stop":
             stopped = cluster.stop()
             print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
         else:
-            print(f"up, SLURM_CONF={cluster.conf}\n{cluster.squeue()}" if cluster.is_up() else "not running")
+            up = cluster.is_up()
+            print(f"up, SLURM_CONF={cluster.conf}\n{cluster.squeue()}" if up else "not running")
     except ClusterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

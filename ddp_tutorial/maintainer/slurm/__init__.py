@@ -1,0 +1,294 @@
+"""A real SLURM cluster here, for tests/test_slurm.py: one controller, two nodes on 127.0.0.1.
+
+    python -m ddp_tutorial.maintainer.slurm start    # munged, slurmctld, slurmd node1 + node2
+    export SLURM_CONF=...                            # the line it prints
+    sbatch --wait ddp_tutorial/lessons/beyond_one_machine/slurm/train.sbatch --out runs/slurm
+    python -m ddp_tutorial.maintainer.slurm stop     # stops the daemons by their pids
+
+Debian's ``slurm-wlm`` and ``munge`` (``apt-get install slurm-wlm munge``, as root). Everything
+the cluster writes (configuration, munge key and socket, state, logs) stays in one folder;
+the daemons run as root with ``ProctrackType=proctrack/linuxproc`` and ``TaskPlugin=task/none``,
+so no cgroup setup is needed. Node names do not resolve: the sbatch script reads each node's
+address from ``scontrol show node`` (``NodeAddr``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import psutil
+
+from ddp_tutorial.launcher import free_port
+from ddp_tutorial.launcher.net import candidate_ports
+from ddp_tutorial.lessons import port_can_be_bound
+from ddp_tutorial.lessons.beyond_one_machine.slurm import SBATCH_SCRIPT
+
+#: Where ``start`` puts a learner's cluster unless told otherwise.
+DEFAULT_FOLDER = Path(tempfile.gettempdir()) / f"ddp-tutorial-slurm-{os.getuid()}"
+NODES = ("node1", "node2")
+PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo")
+SBIN = ("/usr/sbin", "/sbin")
+
+SLURM_CONF = """\
+ClusterName=ddptutorial
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={folder}/munge.socket
+StateSaveLocation={folder}/state
+SlurmdSpoolDir={folder}/spool-%n
+SlurmctldPidFile={folder}/slurmctld.pid
+SlurmdPidFile={folder}/slurmd-%n.pid
+SlurmctldLogFile={folder}/slurmctld.log
+SlurmdLogFile={folder}/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+MpiDefault=none
+ReturnToService=2
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+KillWait=5
+MinJobAge=4
+SlurmdTimeout=60
+InactiveLimit=0
+NodeName=node[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port={node_ports} CPUs={cpus} State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+class ClusterError(RuntimeError):
+    """The local cluster could not start, or a command against it failed."""
+
+
+def which(program: str) -> Optional[str]:
+    """Where ``program`` is, on PATH or in /usr/sbin (root's daemons are there)."""
+    return shutil.which(program) or shutil.which(program, path=os.pathsep.join(SBIN))
+
+
+def missing() -> Optional[str]:
+    """Why a local SLURM cluster cannot run here, or None when it can."""
+    absent = [p for p in PROGRAMS if which(p) is None]
+    if absent:
+        return (f"SLURM is not installed here ({', '.join(absent)} not found); "
+                "as root: apt-get install slurm-wlm munge")
+    if os.geteuid() != 0:
+        return ("the local SLURM cluster runs its daemons as root (SlurmUser=root), "
+                "and this is not root")
+    return None
+
+
+class LocalCluster:
+    """A controller and two nodes on 127.0.0.1, all of its files in ``folder``.
+
+    Args:
+        folder: configuration, key, state and logs; ``DEFAULT_FOLDER`` if None.
+    """
+
+    def __init__(self, folder=None):
+        self.folder = Path(folder or DEFAULT_FOLDER).resolve()
+        self.conf = self.folder / "slurm.conf"
+        self.pid_file = self.folder / "daemons.json"
+        self._procs: List[subprocess.Popen] = []  # started here: reaped by stop()
+
+    @property
+    def env(self) -> Dict[str, str]:
+        """This environment plus SLURM_CONF: how sbatch, squeue and scancel find the cluster."""
+        return dict(os.environ, SLURM_CONF=str(self.conf))
+
+    def job_env(self, **extra: str) -> Dict[str, str]:
+        """The environment to submit a job from: ``env``, this Python's torchrun first on PATH,
+        this checkout importable, one thread per rank, a free rendezvous port (``RDZV_PORT``),
+        and ``extra``."""
+        env = self.env
+        checkout = str(Path(__file__).resolve().parents[3])
+        env.update(PATH=os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")]),
+                   PYTHONPATH=os.pathsep.join(filter(None, [checkout, env.get("PYTHONPATH")])),
+                   OMP_NUM_THREADS="1", RDZV_PORT=str(free_port()), **extra)
+        return env
+
+    def pids(self) -> Dict[str, int]:
+        """The daemons ``start`` wrote down that still run, by name (not a reused pid)."""
+        try:
+            written = json.loads(self.pid_file.read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+        return {name: pid for name, pid in written.items() if self._is_ours(name, pid)}
+
+    def _is_ours(self, name: str, pid: int) -> bool:
+        """``pid`` runs daemon ``name`` of this folder's cluster (its command line names both)."""
+        try:
+            proc = psutil.Process(pid)
+            words = proc.cmdline() if proc.status() != psutil.STATUS_ZOMBIE else []
+        except psutil.Error:
+            return False
+        return (bool(words) and os.path.basename(words[0]) == name.split("-")[0]
+                and any(str(self.folder) in w for w in words))
+
+    def is_up(self) -> bool:
+        """Every daemon it started is alive."""
+        return len(self.pids()) == 2 + len(NODES)
+
+    def start(self, timeout: float = 60.0) -> "LocalCluster":
+        """Start munged, slurmctld and the two slurmd, and wait until both nodes are idle.
+
+        A folder left by an earlier cluster is stopped and cleared first.
+
+        Raises:
+            ClusterError: SLURM is missing, or the nodes are not idle within ``timeout`` s
+                (the daemons are stopped again, and the message has their logs' ends).
+        """
+        why = missing()
+        if why:
+            raise ClusterError(why)
+        self.stop()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        (self.folder / "state").mkdir(parents=True)
+        key = self.folder / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        ctld = free_port()
+        node1 = node_port_pair(ctld)
+        self.conf.write_text(SLURM_CONF.format(folder=self.folder, ctld_port=ctld,
+                                               node_ports=f"{node1}-{node1 + 1}",
+                                               cpus=os.cpu_count() or 1))
+        f = self.folder
+        commands = {
+            "munged": [which("munged"), "--foreground", "--force", f"--socket={f}/munge.socket",
+                       f"--key-file={key}", f"--pid-file={f}/munged.pid",
+                       f"--log-file={f}/munged.log",
+                       f"--seed-file={f}/munged.seed"],
+            "slurmctld": [which("slurmctld"), "-D", "-c", "-f", str(self.conf)],
+            **{f"slurmd-{n}": [which("slurmd"), "-D", "-f", str(self.conf), "-N", n]
+               for n in NODES},
+        }
+        pids = {}
+        try:
+            for name, cmd in commands.items():
+                with open(f / f"{name}.out", "wb") as out:
+                    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True,
+                                            env=self.env)
+                self._procs.append(proc)
+                pids[name] = proc.pid
+                self.pid_file.write_text(json.dumps(pids))
+                if name == "munged":
+                    wait_for(lambda: (f / "munge.socket").exists(), timeout, "munged's socket")
+            wait_for(lambda: self.idle_nodes() == list(NODES), timeout, "both nodes idle")
+        except ClusterError as exc:
+            logs = self.log_tails()
+            self.stop()
+            raise ClusterError(f"{exc}\n{logs}") from None
+        return self
+
+    def stop(self, timeout: float = 15.0) -> List[str]:
+        """Stop every daemon ``start`` started, by its pid: SIGTERM, then SIGKILL; their names."""
+        pids = self.pids()
+        procs = []
+        for pid in pids.values():
+            with contextlib.suppress(psutil.Error):
+                procs.append(psutil.Process(pid))
+                procs[-1].terminate()
+        for proc in psutil.wait_procs(procs, timeout=timeout)[1]:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        for proc in self._procs:  # a learner's stop runs in another process: init reaps those
+            proc.wait()
+        self._procs = []
+        if self.pid_file.exists():  # nothing of it runs now
+            self.pid_file.unlink()
+        return list(pids)
+
+    def run(self, *cmd: str, timeout: float = 30.0, check: bool = True):
+        """A SLURM command (``sinfo``, ``squeue``, ...) against this cluster."""
+        result = subprocess.run([which(cmd[0]) or cmd[0], *cmd[1:]], env=self.env,
+                                capture_output=True, text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise ClusterError(f"{' '.join(cmd)} exited {result.returncode}: "
+                               f"{result.stderr.strip()}")
+        return result
+
+    def idle_nodes(self) -> List[str]:
+        """The nodes the controller reports idle."""
+        result = self.run("sinfo", "--noheader", "--Node", "--format=%N %t", check=False,
+                          timeout=10)
+        return sorted(n for n, state in (line.split() for line in result.stdout.splitlines())
+                      if state == "idle")
+
+    def squeue(self) -> str:
+        """``squeue``'s table of this cluster's jobs."""
+        return self.run("squeue", "--format=%.8i %.12j %.8T %.6D %R").stdout
+
+    def submit(self, args: Sequence[str], cwd, env: Optional[Dict[str, str]] = None,
+               options: Sequence[str] = ()) -> str:
+        """Submit the kit's sbatch script with train.py flags ``args`` from ``cwd``; the job id.
+
+        Args:
+            args: flags for ``ddp_tutorial.train``.
+            cwd: where the job runs (relative paths in ``args`` are from here).
+            env: the submitting environment (default: ``self.env``); sbatch passes it on.
+            options: sbatch options before the script (``--output``, ``--job-name``, ...).
+        """
+        cmd = [which("sbatch"), "--parsable", *options, SBATCH_SCRIPT, *map(str, args)]
+        result = subprocess.run(cmd, cwd=cwd, env=env or self.env, capture_output=True, text=True,
+                                timeout=30)
+        if result.returncode != 0:
+            raise ClusterError(f"sbatch exited {result.returncode}: {result.stderr.strip()}")
+        return result.stdout.strip().split(";")[0]
+
+    def wait_gone(self, job: str, timeout: float) -> None:
+        """Wait until ``job`` has left the queue (ended, its processes reaped by slurmd).
+
+        Raises:
+            ClusterError: it is still there after ``timeout`` s.
+        """
+        def gone():
+            return not self.run("squeue", "--noheader", f"--jobs={job}", check=False).stdout.strip()
+        wait_for(gone, timeout, f"job {job} gone from the queue")
+
+    def log_tails(self, lines: int = 8) -> str:
+        """The last lines of each daemon's log (what to read when it does not start)."""
+        parts = []
+        for log in sorted(self.folder.glob("*.log")) + sorted(self.folder.glob("*.out")):
+            text = log.read_text(errors="replace").splitlines()[-lines:]
+            if text:
+                parts.append(f"--- {log.name} ---\n" + "\n".join(text))
+        return "\n".join(parts)
+
+
+def node_port_pair(ctld: int) -> int:
+    """The first of two consecutive free ports, not ``ctld``: the slurmd's ``SlurmdPort`` range.
+
+    Raises:
+        ClusterError: no such pair among the candidates (a machine with almost every port taken).
+    """
+    # Both must be free: one random free port is, but its neighbour may be another test's or
+    # learner's listener (a run of the suite met one), so try other pairs instead of giving up.
+    for node1 in candidate_ports():
+        if ctld not in (node1, node1 + 1) and all(map(port_can_be_bound, (node1, node1 + 1))):
+            return node1
+    raise ClusterError("found no two consecutive free ports for the nodes on 127.0.0.1")
+
+
+def wait_for(ready, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise ClusterError(f"the local SLURM cluster did not reach '{what}' "
+                               f"within {timeout:.0f} s")
+        time.sleep(0.2)  # polling the daemons' state; they signal nothing
