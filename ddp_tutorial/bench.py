@@ -3,15 +3,16 @@
     python -m ddp_tutorial.bench              # full: 2-3 minutes on 2 CPU cores, plus the notebook suite
     python -m ddp_tutorial.bench --quick      # fewer sizes, steps and ranks: about 30 s
     python -m ddp_tutorial.bench --out runs/bench
-    python -m ddp_tutorial.bench --notebooks 5 --busy-core 2   # only the notebook suite, 5 rounds
     python -m ddp_tutorial.bench --sharding   # only notebook 10's measurements: DDP, ZeRO-1, FSDP2, compression
-    python -m ddp_tutorial.bench --grade      # only the grader: 30 learners, a file per exercise, 1 check at a time, then 2
+    python -m ddp_tutorial.bench --notebooks 5 --busy-core 2   # only the notebook suite, 5 rounds
+    python -m ddp_tutorial.bench --grade      # only the grader: 30 learners, --jobs 1, then 2
 
 It prints one table: the all-reduce sweep and its α-β fit, buckets, overlap,
-accumulation, the scaling projection, and the kit's own speed as ratios measured
-side by side in the same run (launches cold, warm and by torchrun; in full mode the
-notebook suite with every launch cold, then warm). ``--out`` gets ``bench.json`` and the figures.
-The notebook ``07_performance_lab.ipynb`` calls the same functions.
+accumulation, the scaling projection (the lab: ``perf/``, which notebook 07 calls too),
+and the kit's own speed, measured side by side in the same run by the maintainer's tools
+(``maintainer/launch_speed.py``: launches cold, warm and by torchrun; ``maintainer/suite.py``:
+in full mode the notebook suite with every launch cold, then warm). ``--grade`` is the
+teacher's (``teacher/grade/classbench.py``). ``--out`` gets ``bench.json`` and the figures.
 This module imports no torch: the measurements run in worker processes.
 """
 
@@ -25,11 +26,11 @@ import time
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
-from ddp_tutorial import maintainer
 from ddp_tutorial.perf import costmodel as perf
 from ddp_tutorial.perf.measure import (accumulation_ratios, allreduce_sweep, ddp_lab, gpu_part, plain_crosscheck,
                                        projection)
-from ddp_tutorial.maintainer.launch_speed import launch_speed
+from ddp_tutorial.maintainer import suite
+from ddp_tutorial.maintainer import launch_speed
 
 
 # -- The whole bench ------------------------------------------------------------
@@ -56,11 +57,11 @@ def run_bench(quick: bool = False, out: Optional[str] = None, notebooks: Optiona
     results["projection"] = projection(results["allreduce"], results["ddp"])
     # Quick: one repeat on 2 ranks (a 4-rank cold comparison costs 4 torch imports per launch, 16 in all);
     # the full bench compares 4 ranks, 3 times.
-    timed("launch", launch_speed, 1 if quick else 3, world_size=2 if quick else 4)
+    timed("launch", launch_speed.launch_speed, 1 if quick else 3, world_size=2 if quick else 4)
     timed("gpu", gpu_part, quick)
     if notebooks if notebooks is not None else not quick:
-        timed("notebooks_cold", maintainer.notebook_suite, warm=False)  # as before warm launches
-        timed("notebooks", maintainer.notebook_suite)
+        timed("notebooks_cold", suite.notebook_suite, warm=False)  # as before warm launches
+        timed("notebooks", suite.notebook_suite)
     results["bench_seconds"] = time.perf_counter() - t0
     if out:
         save(results, out)
@@ -154,22 +155,7 @@ def format_table(results: Dict) -> str:
             + " ".join(f"{c:>13}" for c in cells))
     add("assumptions: " + "; ".join(proj["assumptions"]))
     add("== the kit's own speed (side by side, this run) ==")
-    ln = results["launch"]
-    add(f"launch: launch() cold {ln['launch_s']:.2f} s, warm {ln['warm_s']:.2f} s (median of "
-        f"{len(ln['warm_times'])} after a first of {ln['warm_first_s']:.2f} s; started {'/'.join(ln['warm_modes'])}), "
-        f"torchrun --standalone {ln['torchrun_s']:.2f} s, {ln['world_size']} ranks of hello.py: cold ratio "
-        f"{ln['ratio']:.2f} (target <= 0.5), warm ratio {ln['warm_ratio']:.2f} (target <= 0.2); cold (macOS's "
-        f"default) / warm {ln['launch_s'] / ln['warm_s']:.1f}x")
-    sv = ln["server"]
-    add(f"  fork server, idle: RSS {sv['rss_mb']:.0f} MB (PSS {sv['pss_mb']:.0f} MB), {sv['threads']} thread(s)")
-    add(f"  cold ranks: init_process_group "
-        f"{ln['init_s'] * 1e3:.0f} ms (median); import torch {ln['import_torch_s']:.2f} s, floor "
-        f"{ln['floor_s']:.2f} s ({ln['world_size']} imports on {min(ln['cores'], ln['world_size'])} cores)")
-    for label, key, total in (("as is", "phases", ln["probe_s"]), ("with the store wait", "fixed_phases", ln["fixed_s"])):
-        parts = ", ".join(f"{k} {v:.2f}" for k, v in ln[key].items())
-        add(f"  where it goes, probe {label}: {total:.2f} s = {parts} s")
-    add(f"  with ranks waiting for rank 0's store before init: {ln['fixed_s']:.2f} s, "
-        f"ratio {ln['fixed_ratio']:.2f} to torchrun")
+    lines += launch_speed.describe(results["launch"])
     ov = ddp["overhead"]
     add(f"instrumentation: SyncTimer + JSON line per step vs plain DDP, taking turns step by step: "
         f"{1 + ov['overhead']:.3f}x, median step {_ms(ov['instrumented_step_s'])} vs "
@@ -177,24 +163,7 @@ def format_table(results: Dict) -> str:
     fi = ddp["fidelity"]
     add(f"sync-time fidelity: SyncTimer {_ms(fi['synctimer_s'])} vs DDP logger avg_backward_comm_time "
         f"{_ms(fi['ddp_logger_s'])}: ratio {fi['ratio']:.2f} (target within 25%)")
-    nb, nb_cold = results.get("notebooks"), results.get("notebooks_cold")
-    if nb is not None and nb_cold is not None and "skipped" not in nb and "skipped" not in nb_cold:
-        add(f"notebook suite, all launches cold: {nb_cold['seconds']:.0f} s "
-            f"({'passed' if nb_cold['passed'] else 'FAILED'}: {nb_cold['summary']}); warm: {nb['seconds']:.0f} s, "
-            f"warm / cold {nb['seconds'] / nb_cold['seconds']:.2f} (the fixed part, kernels, work and "
-            f"waits, is in both; the target is on the suite's time before warm launches, README)")
-        add(f"  {'notebook':<36} {'cold s':>7} {'warm s':>7} {'warm/cold':>9}")
-        for name, cold_s in nb_cold["per_notebook"].items():
-            warm_s = nb["per_notebook"].get(name, float("nan"))
-            add(f"  {name:<36} {cold_s:>7.1f} {warm_s:>7.1f} {warm_s / cold_s:>9.2f}")
-    if nb is None:
-        add("notebook suite: not timed (quick mode; run the full bench)")
-    elif "skipped" in nb:
-        add(f"notebook suite: skipped, {nb['skipped']}")
-    else:
-        add(f"notebook suite: {nb['seconds']:.0f} s for {len(nb['notebooks'])} notebooks, ratio "
-            f"{nb['ratio']:.2f} of 180 s ({'passed' if nb['passed'] else 'FAILED'}: {nb['summary']}"
-            + (f"; failed: {', '.join(nb['failed'])}" if nb["failed"] else "") + ")")
+    lines += suite.describe_notebook_suite(results.get("notebooks"), results.get("notebooks_cold"))
     gpu = results["gpu"]
     if "skipped" in gpu:
         add(f"GPU: skipped, {gpu['skipped']}")
@@ -286,9 +255,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if args.notebooks is not None and args.notebooks > 0:  # N rounds of the notebook suite, nothing else
         busy = args.notebooks if args.busy_core < 0 else args.busy_core
-        result = maintainer.notebook_rounds(args.notebooks, busy)
-        print(maintainer.format_rounds(result), flush=True)
-        return 0 if result.get("passed") == result.get("runs") else 1
+        return suite.report(suite.notebook_rounds(args.notebooks, busy))
     if args.busy_core:
         parser.error("--busy-core goes with --notebooks N")
     results = run_bench(args.quick, args.out, None if args.notebooks is None else args.notebooks == 0)

@@ -22,11 +22,11 @@ import zipfile
 from contextlib import redirect_stdout
 from pathlib import Path
 
+import psutil
 import pytest
 
 from ddp_tutorial.teacher import grade
 from ddp_tutorial.exercises import SOLUTIONS_DIR
-from ddp_tutorial.launcher import procinfo
 
 MISTAKES = Path(__file__).parent / "exercise_mistakes"
 TIMEOUT = 15.0  # the shortest that still lets a right answer finish on a busy machine (2 checks at once)
@@ -68,13 +68,12 @@ def tree_hash(folder: Path) -> str:
 def leftovers() -> list:
     """Live processes of the sandboxes' uids, or the detached child's command line."""
     found = []
-    for pid in procinfo.pids():
-        uid, argv = procinfo.uid(pid), procinfo.cmdline(pid)
-        if uid is None or argv is None or not procinfo.alive(pid):
-            continue  # gone meanwhile
-        cmdline = " ".join(argv)
-        if grade.UID_BASE <= uid < grade.UID_BASE + 64 or DAEMON in cmdline:
-            found.append((pid, uid, cmdline[:100]))
+    for p in psutil.process_iter(["uids", "cmdline", "status"]):
+        uid, cmdline = p.info["uids"], " ".join(p.info["cmdline"] or [])
+        if uid is None or p.info["status"] in (None, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            continue  # gone meanwhile, or dead and waiting for its parent
+        if grade.UID_BASE <= uid.real < grade.UID_BASE + 64 or DAEMON in cmdline:
+            found.append((p.pid, uid.real, cmdline[:100]))
     return found
 
 
@@ -343,3 +342,14 @@ def test_the_grade_command_exits_with_the_grader_s_code(tmp_path):
     done = subprocess.run([sys.executable, "-m", "ddp_tutorial.grade", str(tmp_path / "none"), "--out",
                            str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "is not a folder" in done.stderr, (done.returncode, done.stderr)
+
+
+def test_a_missing_bubblewrap_is_said_in_one_line(tmp_path):
+    (tmp_path / "subs" / "ana").mkdir(parents=True)
+    (tmp_path / "subs" / "ana" / "init.py").write_bytes((SOLUTIONS_DIR / "init.py").read_bytes())
+    done = subprocess.run([sys.executable, "-m", "ddp_tutorial.grade", str(tmp_path / "subs"), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PATH": str(tmp_path)})  # no bwrap on this PATH
+    assert done.returncode == 3, (done.returncode, done.stderr)
+    assert done.stderr.splitlines() == ["error: the grader's sandbox needs bwrap (Debian's bubblewrap: "
+                                        "apt-get install bubblewrap), which is not installed"]

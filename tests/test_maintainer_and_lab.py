@@ -5,8 +5,10 @@ import json
 
 import pytest
 
-from ddp_tutorial import bench, maintainer
-from ddp_tutorial.launcher import procinfo
+import psutil
+
+from ddp_tutorial import bench
+from ddp_tutorial.maintainer import suite
 from ddp_tutorial.perf import measure
 
 
@@ -31,30 +33,35 @@ def test_notebook_rounds_count_passes_per_notebook(tmp_path, monkeypatch):
         spins.append(on)
         yield None
 
-    monkeypatch.setattr(maintainer, "busy_core", recorded_busy_core)
-    result = maintainer.notebook_rounds(rounds=1, busy_rounds=1, folder=str(tmp_path), echo=False)
+    monkeypatch.setattr(suite, "busy_core", recorded_busy_core)
+    result = suite.notebook_rounds(rounds=1, busy_rounds=1, folder=str(tmp_path), echo=False)
     assert spins == [True]
-    assert result["per_notebook"]["a_passes.ipynb"]["passes"] == 1
-    assert result["per_notebook"]["b_fails.ipynb"]["passes"] == 0
-    assert "a false claim" in result["rounds"][0]["results"]["b_fails.ipynb"]["error"]
-    assert (result["passed"], result["runs"]) == (1, 2)
-    assert [r["busy_core"] for r in result["rounds"]] == [True]
-    table = maintainer.format_rounds(result)
-    assert "1/2 notebook runs passed" in table and "b_fails.ipynb" in table
+    times = suite.notebook_times(result["runs"])
+    (passes_name, passes), (fails_name, fails) = sorted(times.items())
+    assert passes_name.endswith("a_passes.ipynb") and passes[:2] == (1, 1) and passes[2] > 0
+    assert fails_name.endswith("b_fails.ipynb") and fails[:2] == (0, 1)
+    assert "a false claim" in result["runs"][0]["cases"][fails_name]["report"]
+    assert [r["busy_core"] for r in result["runs"]] == [True]
+    table = suite.format_suite(result).splitlines()
+    assert table[0].startswith(f"`pytest --nbmake {tmp_path}` 1 times in place (1 beside a busy")
+    assert any(line.split()[:4] == [fails_name, "passed", "0/1,", "median"] for line in table)
+    assert f"{fails_name}: failed in 1 of 1 runs" in table
+    assert suite.report(result) == 1
 
 
 @pytest.mark.parametrize("rounds, busy, schedule", [
     (2, 1, [False, True]), (5, 2, [False, False, False, True, True]), (3, 0, [False] * 3),
     (2, 5, [True, True]), (1, -1, [False])])
 def test_the_last_rounds_are_the_busy_ones(rounds, busy, schedule):
-    assert maintainer.busy_schedule(rounds, busy) == schedule
+    assert suite.busy_schedule(rounds, busy) == schedule
 
 
 def test_busy_core_spins_and_stops():
-    with maintainer.busy_core() as pid:
-        assert maintainer.SPIN in procinfo.cmdline(pid)
-        assert procinfo.state(pid) == "running", "running, not waiting"
-    assert procinfo.state(pid) is None  # stopped and reaped (a zombie is "zombie")
+    with suite.busy_core() as pid:
+        spinner = psutil.Process(pid)
+        assert suite.SPIN in spinner.cmdline()
+        assert spinner.status() == psutil.STATUS_RUNNING, "running, not waiting"
+    assert not psutil.pid_exists(pid)  # stopped and reaped (a zombie would still exist)
 
 
 def test_bench_cli_refuses_busy_core_without_notebooks(capsys):

@@ -21,11 +21,11 @@ def test_the_readme_test_command_is_the_one_the_maintainer_runs():
 
 def test_requirements_get_the_asked_torch_and_keep_the_rest():
     text = "# a comment\ntorch==2.13.0\nmatplotlib\ntorchvision\npytest\n-e .\n"
-    assert suite.requirements_with_torch(text, "2.6.0") == ["torch==2.6.0", "matplotlib", "torchvision",
+    assert pythons.requirements_with_torch(text, "2.6.0") == ["torch==2.6.0", "matplotlib", "torchvision",
                                                             "pytest", "-e ."]
-    assert suite.requirements_with_torch("torch>=2.6\n", "2.15.0") == ["torch==2.15.0"]
-    assert suite.same_release("2.13.0+cpu", "2.13.0") and not suite.same_release("2.13.1", "2.13.0")
-    assert not suite.same_release(None, "2.13.0")
+    assert pythons.requirements_with_torch("torch>=2.6\n", "2.15.0") == ["torch==2.15.0"]
+    assert pythons.same_release("2.13.0+cpu", "2.13.0") and not pythons.same_release("2.13.1", "2.13.0")
+    assert not pythons.same_release(None, "2.13.0")
 
 
 JUNIT = '''<?xml version="1.0" encoding="utf-8"?>
@@ -111,12 +111,12 @@ def test_the_venv_installs_from_downloaded_wheels_only_when_the_download_finishe
                                                                                  downloaded):
     """pip's commands recorded, not run: a finished download installs without the network, the kit last."""
     (tmp_path / "requirements.txt").write_text("torch==2.13.0\nmatplotlib\n-e .\n")
-    wheels = suite.wheels_folder("2.15.0", tmp_path)
+    wheels = pythons.wheels_folder("2.15.0", tmp_path)
     if downloaded != "none":
         wheels.mkdir()
         (wheels / "torch-2.15.0-cp311-none-linux_x86_64.whl").write_bytes(b"")
     if downloaded.startswith("complete"):
-        (wheels / suite.COMPLETE).write_text("torch==2.15.0\nmatplotlib\n")
+        (wheels / pythons.COMPLETE).write_text("torch==2.15.0\nmatplotlib\n")
     commands, installed = [], []
 
     def run(cmd, **kwargs):
@@ -125,14 +125,14 @@ def test_the_venv_installs_from_downloaded_wheels_only_when_the_download_finishe
             cmd.append("FILE:" + ",".join(Path(cmd[cmd.index("-r") + 1]).read_text().split()))
         commands.append(cmd)
         if downloaded == "complete-but-fails" and "--no-index" in cmd:
-            return suite.subprocess.CompletedProcess(cmd, 1)  # a wheel missing, say: pip exits 1
+            return pythons.subprocess.CompletedProcess(cmd, 1)  # a wheel missing, say: pip exits 1
         if cmd[1:4] == ["-m", "pip", "install"]:
             installed.append(True)
-        return suite.subprocess.CompletedProcess(cmd, 0)
+        return pythons.subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(suite.subprocess, "run", run)
-    monkeypatch.setattr(suite, "torch_in", lambda python: "2.15.0+cu132" if installed else None)
-    suite.torch_venv("2.15.0", tmp_path, echo=lambda *_: None)
+    monkeypatch.setattr(pythons.subprocess, "run", run)
+    monkeypatch.setattr(pythons, "torch_in", lambda python: "2.15.0+cu132" if installed else None)
+    pythons.torch_venv("2.15.0", tmp_path, echo=lambda *_: None)
     pips = [c[c.index("pip"):] for c in commands if "pip" in c]
     if downloaded == "complete":
         assert pips[0][:5] == ["pip", "install", "--quiet", "--no-index", "--find-links"]

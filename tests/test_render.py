@@ -13,6 +13,8 @@ import pytest
 
 from ddp_tutorial.teacher import render
 
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
 
 def notebook(path, cells):
     """A minimal notebook of code cells: (source, tags) pairs."""
@@ -65,8 +67,8 @@ def mixed_notebook(path):
          "source": f"The ring all-reduce:\n\n{FORMULA}\n\nfor $p$ ranks; `$HOME` stays code."},
         {"cell_type": "code", "id": "c0", "execution_count": None, "metadata": {}, "outputs": [],
          "source": "from ddp_tutorial import exercises\nexercises.start('init')"},
-        {"cell_type": "code", "id": "c1", "execution_count": None, "metadata": {}, "outputs": [],
-         "source": "exercises.hint('init')"}]}
+        {"cell_type": "code", "id": "c1", "execution_count": None, "metadata": {"tags": ["answer"]},
+         "outputs": [], "source": "exercises.hint('init')"}]}
     path.write_text(json.dumps(nb))
     return path
 
@@ -86,7 +88,7 @@ def test_reference_pages_give_no_answer_and_touch_no_learner_folder(reference_pa
 
     page = reference_page["page"].read_text(encoding="utf-8")
     assert reference_page["row"]["ok"] and reference_page["row"]["left_out"] == 1
-    assert exercises.HINTS["init"][:40] not in page and "left out of the reference page" in page
+    assert str(exercises.hint("init"))[:40] not in page and "left out of the reference page" in page
     started = re.search(r"wrote (\S+/init\.py)", page)
     assert started and "ddp-tutorial-render-" in started.group(1)  # a scratch folder, not my_work/
     assert not Path(started.group(1)).exists()  # removed once rendered
@@ -98,14 +100,29 @@ def test_reference_pages_give_no_answer_and_touch_no_learner_folder(reference_pa
 def test_answers_stay_when_asked_for():
     import nbformat
 
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("exercises.hint('init')"),
-                                         nbformat.v4.new_code_cell("exercises.check('init')"),
-                                         nbformat.v4.new_code_cell("exercises.check('capstone', path)"),
-                                         nbformat.v4.new_code_cell("exercises.start('init')")])
+    answer = {"tags": ["answer"]}
+    new = nbformat.v4.new_code_cell
+    nb = nbformat.v4.new_notebook(cells=[new("exercises.hint('init')", metadata=answer),
+                                         new("exercises.check('init')", metadata=answer),
+                                         new("exercises.check('capstone', path)"),
+                                         new("exercises.start('init')")])
     for cell in nb.cells:
         cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="the answer\n")]
-    assert render.leave_out_answers(nb) == 2  # the hint, the check of the learner's own file
+    assert render.leave_out_answers(nb) == 2  # the tagged: the hint, the check of the own file
     assert [c.outputs[0]["text"] == "the answer\n" for c in nb.cells] == [False, False, True, True]
+
+
+def test_the_notebooks_answer_cells_are_tagged():
+    """A reference page leaves out the cells tagged "answer": in the notebooks as committed, every
+    hint, solution, and check of the learner's own untouched file by name alone."""
+    import nbformat
+
+    calls = re.compile(r"exercises\.(hint|solution)\(|exercises\.check\(\s*[\"'][a-z_]+[\"']\s*\)")
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code" and calls.search(cell.source):
+                tags = cell.metadata.get("tags", [])
+                assert render.ANSWER_TAG in tags, f"{path.name}: {cell.source[:60]}"
 
 
 def test_the_page_has_a_title_and_loads_no_script(reference_page):

@@ -10,11 +10,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Optional, Sequence
 
-from ddp_tutorial import maintainer
 from ddp_tutorial.maintainer import pythons, suite
 
 
@@ -41,37 +39,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--download-only", action="store_true",
                         help="with --torch: only download its wheels (.wheels-torch-VERSION), for a later "
                              "--torch VERSION to install without the network")
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON (--suite)")
+    parser.add_argument("--json", metavar="FILE",
+                        help="also write the results as JSON (--suite, --notebooks)")
     args = parser.parse_args(argv)
     if args.download_only:
         if args.torch is None or args.suite is not None or args.notebooks is not None or args.tests:
             parser.error("--download-only goes with --torch VERSION alone")
-        suite.download_torch(args.torch, suite.checkout(), args.no_pip_config)
+        pythons.download_torch(args.torch, suite.checkout(), args.no_pip_config)
         return 0
     if args.python is not None:
         if args.torch or args.suite is not None or args.notebooks is not None:
             parser.error("--python goes alone (with --tests, --no-pip-config)")
-        return pythons.test_python(args.python, args.tests, args.no_pip_config)
+        venv = pythons.python_venv(args.python, suite.checkout(), args.no_pip_config)
+        return suite.check_venv(venv, args.tests, demo=True)
     if args.suite is None and args.notebooks is None:
         if args.torch is None:
             parser.error("say what to run: --torch VERSION, --suite N or --notebooks N")
-        return suite.test_torch(args.torch, args.tests, args.no_pip_config)
+        venv = pythons.torch_venv(args.torch, suite.checkout(), args.no_pip_config)
+        return suite.check_venv(venv, args.tests)
     if args.suite is not None:
         if args.suite < 1 or args.busy_core < 0:
             parser.error("--suite needs N >= 1 and --busy-core K >= 0")
-        result = suite.suite_runs(args.suite, args.busy_core, args.tests, args.torch, args.no_pip_config)
-        print(suite.format_suite(result))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=1)
-        failed = suite.failures_per_test(result["runs"]) or any(r["returncode"] for r in result["runs"])
-        return 1 if failed else 0
+        return suite.report(suite.suite_runs(args.suite, args.busy_core, args.tests, args.torch,
+                                             args.no_pip_config), args.json)
     if args.torch or args.tests:
         parser.error("--notebooks runs every notebook with this torch: for another, use --torch VERSION "
                      "--tests notebooks")
-    result = maintainer.notebook_rounds(args.notebooks, args.busy_core)
-    print(maintainer.format_rounds(result))
-    return 0 if result.get("passed") == result.get("runs") else 1
+    return suite.report(suite.notebook_rounds(args.notebooks, args.busy_core), args.json)
 
 
 if __name__ == "__main__":

@@ -122,3 +122,25 @@ def launch_speed(repeats: int = 3, world_size: int = 4, timeout: float = 120.0, 
             "world_size": world_size, "repeats": repeats,
             **warm, "warm_ratio": warm["warm_s"] / med["torchrun"]}
 
+
+def describe(ln: Dict) -> List[str]:
+    """The bench's lines on ``launch_speed``'s result: the ratios, the fork server, the phases."""
+    sv = ln["server"]
+    lines = [f"launch: launch() cold {ln['launch_s']:.2f} s, warm {ln['warm_s']:.2f} s (median of "
+             f"{len(ln['warm_times'])} after a first of {ln['warm_first_s']:.2f} s; started "
+             f"{'/'.join(ln['warm_modes'])}), torchrun --standalone {ln['torchrun_s']:.2f} s, "
+             f"{ln['world_size']} ranks of hello.py: cold ratio {ln['ratio']:.2f} (target <= 0.5), "
+             f"warm ratio {ln['warm_ratio']:.2f} (target <= 0.2); cold (macOS's default) / warm "
+             f"{ln['launch_s'] / ln['warm_s']:.1f}x",
+             f"  fork server, idle: RSS {sv['rss_mb']:.0f} MB (PSS {sv['pss_mb']:.0f} MB), "
+             f"{sv['threads']} thread(s)",
+             f"  cold ranks: init_process_group {ln['init_s'] * 1e3:.0f} ms (median); import torch "
+             f"{ln['import_torch_s']:.2f} s, floor {ln['floor_s']:.2f} s "
+             f"({ln['world_size']} imports on {min(ln['cores'], ln['world_size'])} cores)"]
+    for label, key, total in (("as is", "phases", ln["probe_s"]),
+                              ("with the store wait", "fixed_phases", ln["fixed_s"])):
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in ln[key].items())
+        lines.append(f"  where it goes, probe {label}: {total:.2f} s = {parts} s")
+    lines.append(f"  with ranks waiting for rank 0's store before init: {ln['fixed_s']:.2f} s, "
+                 f"ratio {ln['fixed_ratio']:.2f} to torchrun")
+    return lines

@@ -1,5 +1,6 @@
-"""The suite with another Python (``python -m ddp_tutorial.maintainer --python 3.10``): a venv of
-requirements.txt as it is, built once with that interpreter, then the demo and the README's tests."""
+"""The venvs the suite runs in, each built once and kept in the checkout: ``.venv-torch-VERSION``
+(``--torch``: that torch and the rest of requirements.txt) and ``.venv-python-X.Y`` (``--python``:
+requirements.txt as it is, with that Python)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,133 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Dict, List, Optional, Sequence
 
-from ddp_tutorial.maintainer.suite import checkout, pip_env, run_tests, torch_in, venv_python
+
+def requirements_with_torch(text: str, version: str) -> List[str]:
+    """``requirements.txt``'s lines with its torch line replaced by ``torch==version``."""
+    lines = [line.strip() for line in text.splitlines()]
+    kept = [line for line in lines if line and not line.startswith("#")
+            and not re.match(r"torch\s*([=<>!~;\[]|$)", line)]
+    return [f"torch=={version}", *kept]
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def torch_in(python: Path) -> Optional[str]:
+    """The torch version ``python`` imports, or None."""
+    if not python.exists():
+        return None
+    out = subprocess.run([str(python), "-c", "import torch; print(torch.__version__)"],
+                         capture_output=True, text=True)
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def same_release(installed: Optional[str], wanted: str) -> bool:
+    """Whether ``installed`` (``2.13.0+cpu``) is the release ``wanted`` (``2.13.0``) names."""
+    return installed is not None and (installed == wanted or installed.split("+")[0] == wanted.split("+")[0])
+
+
+def pip_env(no_pip_config: bool) -> Dict[str, str]:
+    """The environment for pip; ``no_pip_config`` ignores pip's configuration files (a machine's
+    cap on torch versions, say) while its PIP_* variables still apply."""
+    env = dict(os.environ)
+    if no_pip_config:
+        env["PIP_CONFIG_FILE"] = os.devnull
+    return env
+
+
+def wheels_folder(version: str, root: Path) -> Path:
+    """Where ``download_torch`` keeps the wheels for ``.venv-torch-VERSION`` (gitignored)."""
+    return root / f".wheels-torch-{version}"
+
+
+#: Written into the wheels folder once every wheel is there: a half-finished download is never used.
+COMPLETE = "COMPLETE"
+
+
+def _pip_with_requirements(python, args: Sequence[str], lines: Sequence[str], root: Path,
+                           no_pip_config: bool) -> int:
+    """``python -m pip ARGS -r FILE`` with ``lines`` as FILE, run in the checkout; pip's exit status."""
+    with tempfile.NamedTemporaryFile("w", prefix="requirements-", suffix=".txt", delete=False) as f:
+        f.write("\n".join(lines) + "\n")
+    try:  # "-e ." is read relative to pip's working folder, the checkout
+        return subprocess.run([str(python), "-m", "pip", *args, "-r", f.name], cwd=root,
+                              env=pip_env(no_pip_config)).returncode
+    finally:
+        os.unlink(f.name)
+
+
+def download_torch(version: str, root: Path, no_pip_config: bool = False, echo=print) -> Path:
+    """Download the wheels ``torch_venv(version)`` installs into ``wheels_folder``, and install nothing.
+
+    A CUDA build is gigabytes: CI downloads it while the pinned suite runs (mostly waiting on the
+    network), and ``torch_venv`` then installs from the folder without the network.
+
+    Raises:
+        SystemExit: pip failed.
+    """
+    folder = wheels_folder(version, root)
+    (folder / COMPLETE).unlink(missing_ok=True)
+    folder.mkdir(exist_ok=True)
+    t0 = time.perf_counter()
+    lines = [line for line in requirements_with_torch((root / "requirements.txt").read_text(), version)
+             if not line.startswith("-e")]
+    code = _pip_with_requirements(sys.executable, ["download", "--quiet", "--dest", str(folder)], lines, root,
+                                  no_pip_config)
+    if code != 0:
+        raise SystemExit(f"error: downloading torch=={version}'s wheels into {folder} failed (pip exit {code})")
+    (folder / COMPLETE).write_text("\n".join(lines) + "\n")
+    echo(f"downloaded torch=={version} and the rest of requirements.txt into {folder} "
+         f"in {time.perf_counter() - t0:.0f} s")
+    return folder
+
+
+def torch_venv(version: str, root: Path, no_pip_config: bool = False, echo=print) -> Path:
+    """``root/.venv-torch-VERSION`` with ``torch==version`` and the rest of requirements.txt, made once.
+
+    From ``wheels_folder`` without the network where ``download_torch`` filled it (the folder is
+    removed once installed), else from the registry.
+
+    Raises:
+        SystemExit: pip failed, or installed another torch than asked.
+    """
+    venv = root / f".venv-torch-{version}"
+    python = venv_python(venv)
+    found = torch_in(python)
+    if same_release(found, version):
+        echo(f"using {venv} (torch {found})")
+        return venv
+    wheels = wheels_folder(version, root)
+    offline = (wheels / COMPLETE).exists()
+    echo(f"building {venv}: torch=={version} and the rest of requirements.txt"
+         + (f", from {wheels}" if offline else "") + " ...")
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    lines = requirements_with_torch((root / "requirements.txt").read_text(), version)
+    if offline:
+        done = _pip_with_requirements(python, ["install", "--quiet", "--no-index", "--find-links", str(wheels)],
+                                      [line for line in lines if not line.startswith("-e")], root, no_pip_config)
+        if done == 0:  # the kit itself last: its build backend comes from the registry as usual
+            done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(root)],
+                                  env=pip_env(no_pip_config)).returncode
+        shutil.rmtree(wheels, ignore_errors=True)
+        if done != 0:
+            echo(f"installing from {wheels} failed (pip exit {done}): installing from the registry instead")
+    if not offline or done != 0:
+        done = _pip_with_requirements(python, ["install", "--quiet"], lines, root, no_pip_config)
+    found = torch_in(python)
+    if done != 0 or not same_release(found, version):
+        raise SystemExit(f"error: installing torch=={version} in {venv} failed (pip exit {done}, "
+                         f"torch found: {found}); a version above this machine's pip cap needs --no-pip-config")
+    echo(f"built {venv} with torch {found} in {time.perf_counter() - t0:.0f} s")
+    return venv
 
 
 def base_python(version: str) -> Path:
@@ -54,21 +177,3 @@ def python_venv(version: str, root: Path, no_pip_config: bool = False, echo=prin
         raise SystemExit(f"error: installing requirements.txt with Python {version} in {venv} failed (pip exit {done})")
     echo(f"built {venv} in {time.perf_counter() - t0:.0f} s")
     return venv
-
-
-def test_python(version: str, tests: Sequence[str] = (), no_pip_config: bool = False) -> int:
-    """``--python``: the demo (``python -m ddp_tutorial``), then the README's tests (or ``tests``), with
-    Python ``version``; 0 if both pass."""
-    root = checkout()
-    python = venv_python(python_venv(version, root, no_pip_config))
-    t0 = time.perf_counter()
-    demo = subprocess.run([str(python), "-m", "ddp_tutorial", "--world-size", "2"], cwd=root,
-                          capture_output=True, text=True, timeout=600)
-    print(f"$ {python} -m ddp_tutorial --world-size 2: exit {demo.returncode}, "
-          f"{time.perf_counter() - t0:.1f} s wall", flush=True)
-    if demo.returncode:
-        print("\n".join((demo.stdout + demo.stderr).splitlines()[-20:]), flush=True)
-    result = run_tests(python, root, tests)
-    print(f"Python {version}, torch {torch_in(python)}: {result['summary']} (exit {result['returncode']}, "
-          f"{result['seconds']:.0f} s wall)", flush=True)
-    return demo.returncode or result["returncode"]

@@ -1,19 +1,25 @@
-"""The README's test command, run in a venv with a given torch, or many times on fresh clones.
+"""The README's test command, run many times, in a venv with a given torch, or over the notebooks.
 
     python -m ddp_tutorial.maintainer --torch 2.15.0 [--tests notebooks tests/test_launcher.py]
     python -m ddp_tutorial.maintainer --suite 6 --busy-core 2 [--tests ...]
+    python -m ddp_tutorial.maintainer --notebooks 5 --busy-core 2
 
 ``--torch`` builds (once; it is kept) ``.venv-torch-VERSION`` in the checkout, with that torch
 and the rest of ``requirements.txt``, and runs ``pytest`` there. ``--suite`` runs it N times,
-each in a fresh ``git clone`` of the current commit (what is not committed is not tested), the
-last K beside a process that keeps one core busy, and prints each test's failures and each
-run's wall time. This checks the kit; it is not part of the teaching API.
+each in a fresh ``git clone`` of the current commit (what is not committed is not tested);
+``--notebooks`` runs every notebook N times in place, with this Python. Either way the last K
+runs go beside a process that keeps one core busy (a shared classroom server: a claim a notebook
+asserts must hold there too), and the table shows each test's failures, each run's wall time and
+each notebook's passes and median time. This checks the kit; it is not part of the teaching API.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
+import statistics
 import shutil
 import subprocess
 import sys
@@ -21,9 +27,10 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
-from ddp_tutorial.maintainer import busy_core
+from ddp_tutorial import envvars
+from ddp_tutorial.maintainer.pythons import pip_env, torch_in, torch_venv, venv_python
 
 #: The README's test command (``pip install -r requirements.txt && pytest``); a test keeps them equal.
 README_TEST_COMMAND = ["pytest"]
@@ -32,6 +39,31 @@ FAILURE_LINES = 3
 #: A failure's captured output kept in ``--json`` (its last characters): a LaunchTimeout prints each
 #: rank's stack there, the cause a rare failure of a long table needs to be found.
 OUTPUT_CHARS = 20000
+#: A Python loop that keeps one core at 100 % until it is killed (it says so first).
+SPIN = "print('spinning', flush=True)\nwhile True: pass"
+
+
+@contextlib.contextmanager
+def busy_core(enabled: bool = True) -> Iterator[Optional[int]]:
+    """Keep one core busy with a spinning process while the block runs; yields its pid."""
+    if not enabled:
+        yield None
+        return
+    proc = subprocess.Popen([sys.executable, "-c", SPIN], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE)
+    try:
+        proc.stdout.readline()  # it spins from here on
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        proc.stdout.close()
+
+
+def busy_schedule(runs: int, busy_runs: int) -> List[bool]:
+    """Which of ``runs`` go beside a busy core: the last ``busy_runs`` (clamped to 0..runs)."""
+    busy_runs = max(0, min(busy_runs, runs))
+    return [i >= runs - busy_runs for i in range(runs)]
 
 
 def checkout() -> Path:
@@ -45,128 +77,6 @@ def checkout() -> Path:
         raise SystemExit(f"error: {root} is not a checkout of ddp-tutorial (no requirements.txt or tests/): "
                          "run this from a git clone")
     return root
-
-
-def requirements_with_torch(text: str, version: str) -> List[str]:
-    """``requirements.txt``'s lines with its torch line replaced by ``torch==version``."""
-    lines = [line.strip() for line in text.splitlines()]
-    kept = [line for line in lines if line and not line.startswith("#")
-            and not re.match(r"torch\s*([=<>!~;\[]|$)", line)]
-    return [f"torch=={version}", *kept]
-
-
-def venv_python(venv: Path) -> Path:
-    return venv / "bin" / "python"
-
-
-def torch_in(python: Path) -> Optional[str]:
-    """The torch version ``python`` imports, or None."""
-    if not python.exists():
-        return None
-    out = subprocess.run([str(python), "-c", "import torch; print(torch.__version__)"],
-                         capture_output=True, text=True)
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
-
-def same_release(installed: Optional[str], wanted: str) -> bool:
-    """Whether ``installed`` (``2.13.0+cpu``) is the release ``wanted`` (``2.13.0``) names."""
-    return installed is not None and (installed == wanted or installed.split("+")[0] == wanted.split("+")[0])
-
-
-def pip_env(no_pip_config: bool) -> Dict[str, str]:
-    """The environment for pip; ``no_pip_config`` ignores pip's configuration files (a machine's
-    cap on torch versions, say) while its PIP_* variables still apply."""
-    env = dict(os.environ)
-    if no_pip_config:
-        env["PIP_CONFIG_FILE"] = os.devnull
-    return env
-
-
-def wheels_folder(version: str, root: Path) -> Path:
-    """Where ``download_torch`` keeps the wheels for ``.venv-torch-VERSION`` (gitignored)."""
-    return root / f".wheels-torch-{version}"
-
-
-#: Written into the wheels folder once every wheel is there: a half-finished download is never used.
-COMPLETE = "COMPLETE"
-
-
-def _pip_with_requirements(python, args: Sequence[str], lines: Sequence[str], root: Path,
-                           no_pip_config: bool) -> int:
-    """``python -m pip ARGS -r FILE`` with ``lines`` as FILE, run in the checkout; pip's exit status."""
-    with tempfile.NamedTemporaryFile("w", prefix="requirements-", suffix=".txt", delete=False) as f:
-        f.write("\n".join(lines) + "\n")
-    try:  # "-e ." is read relative to pip's working folder, the checkout
-        return subprocess.run([str(python), "-m", "pip", *args, "-r", f.name], cwd=root,
-                              env=pip_env(no_pip_config)).returncode
-    finally:
-        os.unlink(f.name)
-
-
-def download_torch(version: str, root: Path, no_pip_config: bool = False, echo=print) -> Path:
-    """Download the wheels ``torch_venv(version)`` installs into ``wheels_folder``, and install nothing.
-
-    A CUDA build is gigabytes: CI downloads it while the pinned suite runs (mostly waiting on the
-    network), and ``torch_venv`` then installs from the folder without the network.
-
-    Raises:
-        SystemExit: pip failed.
-    """
-    folder = wheels_folder(version, root)
-    (folder / COMPLETE).unlink(missing_ok=True)
-    folder.mkdir(exist_ok=True)
-    t0 = time.perf_counter()
-    lines = [line for line in requirements_with_torch((root / "requirements.txt").read_text(), version)
-             if not line.startswith("-e")]
-    code = _pip_with_requirements(sys.executable, ["download", "--quiet", "--dest", str(folder)], lines, root,
-                                  no_pip_config)
-    if code != 0:
-        raise SystemExit(f"error: downloading torch=={version}'s wheels into {folder} failed (pip exit {code})")
-    (folder / COMPLETE).write_text("\n".join(lines) + "\n")
-    echo(f"downloaded torch=={version} and the rest of requirements.txt into {folder} "
-         f"in {time.perf_counter() - t0:.0f} s")
-    return folder
-
-
-def torch_venv(version: str, root: Path, no_pip_config: bool = False, echo=print) -> Path:
-    """``root/.venv-torch-VERSION`` with ``torch==version`` and the rest of requirements.txt, made once.
-
-    From ``wheels_folder`` without the network where ``download_torch`` filled it (the folder is
-    removed once installed), else from the registry.
-
-    Raises:
-        SystemExit: pip failed, or installed another torch than asked.
-    """
-    venv = root / f".venv-torch-{version}"
-    python = venv_python(venv)
-    found = torch_in(python)
-    if same_release(found, version):
-        echo(f"using {venv} (torch {found})")
-        return venv
-    wheels = wheels_folder(version, root)
-    offline = (wheels / COMPLETE).exists()
-    echo(f"building {venv}: torch=={version} and the rest of requirements.txt"
-         + (f", from {wheels}" if offline else "") + " ...")
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    lines = requirements_with_torch((root / "requirements.txt").read_text(), version)
-    if offline:
-        done = _pip_with_requirements(python, ["install", "--quiet", "--no-index", "--find-links", str(wheels)],
-                                      [line for line in lines if not line.startswith("-e")], root, no_pip_config)
-        if done == 0:  # the kit itself last: its build backend comes from the registry as usual
-            done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(root)],
-                                  env=pip_env(no_pip_config)).returncode
-        shutil.rmtree(wheels, ignore_errors=True)
-        if done != 0:
-            echo(f"installing from {wheels} failed (pip exit {done}): installing from the registry instead")
-    if not offline or done != 0:
-        done = _pip_with_requirements(python, ["install", "--quiet"], lines, root, no_pip_config)
-    found = torch_in(python)
-    if done != 0 or not same_release(found, version):
-        raise SystemExit(f"error: installing torch=={version} in {venv} failed (pip exit {done}, "
-                         f"torch found: {found}); a version above this machine's pip cap needs --no-pip-config")
-    echo(f"built {venv} with torch {found} in {time.perf_counter() - t0:.0f} s")
-    return venv
 
 
 def junit_cases(path: Path) -> Dict[str, Dict]:
@@ -247,19 +157,6 @@ def run_tests(python: Path, cwd: Path, tests: Sequence[str] = (), timeout: float
             "tail": lines[-20:]}
 
 
-def test_torch(version: str, tests: Sequence[str] = (), no_pip_config: bool = False) -> int:
-    """``--torch``: the README's tests (or ``tests``) in ``.venv-torch-VERSION``; pytest's exit status."""
-    root = checkout()
-    venv = torch_venv(version, root, no_pip_config)
-    python = venv_python(venv)
-    found = torch_in(python)
-    print(f"$ {python} -m {' '.join(README_TEST_COMMAND + list(tests))}   # torch {found}", flush=True)
-    result = run_tests(python, root, tests)
-    print(f"torch {found}: {result['summary']} (exit {result['returncode']}, {result['seconds']:.0f} s wall)",
-          flush=True)
-    return result["returncode"]
-
-
 def clone(root: Path, into: Path) -> str:
     """A fresh clone of ``root``'s current commit in ``into``; the commit's hash."""
     commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -270,49 +167,124 @@ def clone(root: Path, into: Path) -> str:
 
 
 def suite_runs(runs: int, busy_runs: int = 0, tests: Sequence[str] = (), torch: Optional[str] = None,
-               no_pip_config: bool = False, timeout: float = 3600.0, echo: bool = True) -> Dict:
-    """Run the README's tests ``runs`` times, each in a fresh clone; the last ``busy_runs`` beside a busy core.
+               no_pip_config: bool = False, timeout: float = 3600.0, echo: bool = True,
+               in_place: bool = False, env: Optional[Dict[str, str]] = None) -> Dict:
+    """Run the README's tests ``runs`` times; the last ``busy_runs`` beside a busy core.
 
-    One venv serves every run (``.venv-torch-VERSION``, by default with requirements.txt's
-    torch); the package is installed from each clone (``pip install -e``) before its run, and
-    from the checkout again at the end.
+    Each run is in a fresh clone, with one venv for all (``.venv-torch-VERSION``, by default with
+    requirements.txt's torch; the package is installed from each clone before its run, and from the
+    checkout again at the end); or, ``in_place``, in the current folder with this Python.
 
     Returns:
         ``runs``: per run ``busy_core``, ``seconds``, ``returncode``, ``summary``, ``cases``, ``tail``;
-        ``commit``, ``torch``.
+        ``commit``, ``torch``, ``tests``, ``in_place``.
     """
-    root = checkout()
-    if torch is None:
-        pinned = re.search(r"^torch==(\S+)", (root / "requirements.txt").read_text(), re.M)
-        torch = pinned.group(1) if pinned else None
-    if torch is None:
-        raise SystemExit("error: requirements.txt pins no torch==VERSION: name one with --torch")
-    venv = torch_venv(torch, root, no_pip_config)
-    python = venv_python(venv)
-    busy_runs = max(0, min(busy_runs, runs))
+    python, root = Path(sys.executable), Path.cwd()
+    if not in_place:
+        root = checkout()
+        if torch is None:
+            pinned = re.search(r"^torch==(\S+)", (root / "requirements.txt").read_text(), re.M)
+            torch = pinned.group(1) if pinned else None
+        if torch is None:
+            raise SystemExit("error: requirements.txt pins no torch==VERSION: name one (--torch)")
+        python = venv_python(torch_venv(torch, root, no_pip_config))
+
+    def install(where: Path) -> None:
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "-e",
+                        str(where)], check=where != root, env=pip_env(no_pip_config))
+
     done: List[Dict] = []
     commit = ""
     try:
         with tempfile.TemporaryDirectory(prefix="ddp-suite-") as tmp:
-            for i in range(runs):
-                where = Path(tmp) / f"run{i + 1}"
-                commit = clone(root, where)
-                subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(where)],
-                               check=True, env=pip_env(no_pip_config))
-                busy = i >= runs - busy_runs
+            for i, busy in enumerate(busy_schedule(runs, busy_runs)):
+                where = root if in_place else Path(tmp) / f"run{i + 1}"
+                if not in_place:
+                    commit = clone(root, where)
+                    install(where)
                 with busy_core(busy):
-                    result = run_tests(python, where, tests, timeout, echo=False,
+                    result = run_tests(python, where, tests, timeout, env=env, echo=False,
                                        progress=f"run {i + 1}/{runs}: " if echo else None)
                 result["busy_core"] = busy
                 done.append(result)
-                shutil.rmtree(where, ignore_errors=True)
+                if not in_place:
+                    shutil.rmtree(where, ignore_errors=True)
                 if echo:
                     print(f"run {i + 1}/{runs}{' (one core busy)' if busy else ''}: {result['summary']} "
                           f"({result['seconds']:.0f} s wall)", flush=True)
     finally:
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(root)],
-                       env=pip_env(no_pip_config))
-    return {"runs": done, "commit": commit, "torch": torch_in(python), "tests": list(tests)}
+        if not in_place:
+            install(root)
+    return {"runs": done, "commit": commit, "torch": torch_in(python), "tests": list(tests),
+            "in_place": in_place}
+
+
+def notebook_rounds(rounds: int = 1, busy_rounds: int = 0, folder: str = "notebooks",
+                    timeout: float = 900.0, echo: bool = True,
+                    env: Optional[Dict[str, str]] = None) -> Dict:
+    """Every notebook in ``folder``, ``rounds`` times: ``suite_runs`` in place, ``--nbmake``."""
+    if not sorted(Path(folder).glob("*.ipynb")):
+        return {"skipped": f"no notebooks in {folder!r}"}
+    return suite_runs(rounds, busy_rounds, ["--nbmake", folder], timeout=timeout, echo=echo,
+                      in_place=True, env=env)
+
+
+def notebook_suite(folder: str = "notebooks", timeout: float = 600.0, warm: bool = True) -> Dict:
+    """One round of the notebooks, timed, for the bench; ``warm=False``: every launch cold."""
+    cold = None if warm else {envvars.WARM: "0"}
+    result = notebook_rounds(1, 0, folder, timeout, echo=False, env=cold)
+    if "skipped" in result:
+        return result
+    run = result["runs"][0]
+    times = notebook_times(result["runs"])
+    failed = [name for name, (passes, _, _) in times.items() if not passes]
+    return {"seconds": run["seconds"], "ratio": run["seconds"] / 180.0, "notebooks": list(times),
+            "per_notebook": {name: median for name, (_, _, median) in times.items()},
+            "passed": bool(times) and not failed and run["returncode"] == 0, "failed": failed,
+            "summary": f"{len(times) - len(failed)} of {len(times)} notebooks passed"}
+
+
+def describe_notebook_suite(warm: Optional[Dict], cold: Optional[Dict]) -> List[str]:
+    """The bench's lines on ``notebook_suite``'s rounds: each, then each notebook cold and warm."""
+    if warm is None:
+        return ["notebook suite: not timed (quick mode; run the full bench)"]
+    lines = []
+    for label, r in (("all launches cold", cold), ("warm", warm)):
+        if r is not None and "skipped" in r:
+            lines.append(f"notebook suite, {label}: skipped, {r['skipped']}")
+        elif r is not None:
+            failed = f"; failed: {', '.join(r['failed'])}" if r["failed"] else ""
+            lines.append(f"notebook suite, {label}: {r['seconds']:.0f} s for {len(r['notebooks'])} "
+                         f"notebooks, ratio {r['ratio']:.2f} of 180 s "
+                         f"({'passed' if r['passed'] else 'FAILED'}: {r['summary']}{failed})")
+    if cold and "skipped" not in cold and "skipped" not in warm:
+        lines.append(f"  {'notebook':<36} {'cold s':>7} {'warm s':>7} {'warm/cold':>9}")
+        for name, cold_s in cold["per_notebook"].items():
+            warm_s = warm["per_notebook"].get(name, float("nan"))
+            lines.append(f"  {name:<36} {cold_s:>7.1f} {warm_s:>7.1f} {warm_s / cold_s:>9.2f}")
+    return lines
+
+
+def notebook_times(runs: Sequence[Dict]) -> Dict[str, tuple]:
+    """notebook -> (runs it passed, runs it ran in, median seconds), from the runs' reports."""
+    seen: Dict[str, List[Dict]] = {}
+    for run in runs:
+        for test, case in run["cases"].items():
+            if test.endswith(".ipynb"):
+                seen.setdefault(test, []).append(case)
+    return {test: (sum(c["outcome"] == "passed" for c in cases), len(cases),
+                   statistics.median(c["seconds"] for c in cases))
+            for test, cases in sorted(seen.items())}
+
+
+def report(result: Dict, json_path: Optional[str] = None) -> int:
+    """Print ``format_suite``'s table (and write ``json_path``); 0 if every run passed, else 1."""
+    print(format_suite(result), flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=1)
+    runs = result.get("runs", [])
+    return 1 if not runs or failures_per_test(runs) or any(r["returncode"] for r in runs) else 0
 
 
 def failures_per_test(runs: Sequence[Dict]) -> Dict[str, List[tuple]]:
@@ -326,12 +298,17 @@ def failures_per_test(runs: Sequence[Dict]) -> Dict[str, List[tuple]]:
 
 
 def format_suite(result: Dict) -> str:
-    """The runs as a table (one line a run), then each failing test with its count and first lines."""
+    """The runs as a table (one line a run), each notebook's passes and median time, then each
+    failing test with its count and first lines."""
+    if "skipped" in result:
+        return f"skipped: {result['skipped']}"
     runs = result["runs"]
     busy = sum(r["busy_core"] for r in runs)
     command = " ".join(README_TEST_COMMAND + list(result.get("tests", [])))
-    lines = [f"`{command}` {len(runs)} times on fresh clones of {result.get('commit', '')[:10]} "
-             f"({busy} beside a busy core), torch {result.get('torch')}",
+    where = ("in place" if result.get("in_place")
+             else f"on fresh clones of {result.get('commit', '')[:10]}")
+    lines = [f"`{command}` {len(runs)} times {where} ({busy} beside a busy core), "
+             f"torch {result.get('torch')}",
              f"  {'run':>3}  {'busy core':<9} {'passed':>6} {'failed':>6} {'errors':>6} {'skipped':>7} "
              f"{'wall s':>7}  exit"]
     for number, run in enumerate(runs, 1):
@@ -340,6 +317,8 @@ def format_suite(result: Dict) -> str:
         lines.append(f"  {number:>3}  {'yes' if run['busy_core'] else 'no':<9} {counts['passed']:>6} "
                      f"{counts['failed']:>6} {counts['error']:>6} {counts['skipped']:>7} "
                      f"{run['seconds']:>7.0f}  {run['returncode']}")
+    for test, (passes, ran, median) in notebook_times(runs).items():
+        lines.append(f"  {test:<44} passed {passes}/{ran}, median {median:.1f} s")
     failed = failures_per_test(runs)
     no_report = [n for n, r in enumerate(runs, 1) if not r["cases"]]
     if not failed and not no_report:
@@ -354,3 +333,24 @@ def format_suite(result: Dict) -> str:
         lines.append(f"run {number} left no report (exit {runs[number - 1]['returncode']}); its last lines:")
         lines.extend(f"    {line}" for line in runs[number - 1]["tail"][-5:])
     return "\n".join(lines)
+
+
+def check_venv(venv: Path, tests: Sequence[str] = (), demo: bool = False) -> int:
+    """``--torch`` and ``--python``: (with ``demo``, ``python -m ddp_tutorial`` first, then) the
+    README's tests (or ``tests``) with ``venv``'s Python, in the checkout; 0 if all passed."""
+    root, python = checkout(), venv_python(venv)
+    code = 0
+    if demo:
+        t0 = time.perf_counter()
+        done = subprocess.run([str(python), "-m", "ddp_tutorial", "--world-size", "2"], cwd=root,
+                              capture_output=True, text=True, timeout=600)
+        print(f"$ {python} -m ddp_tutorial --world-size 2: exit {done.returncode}, "
+              f"{time.perf_counter() - t0:.1f} s wall", flush=True)
+        if done.returncode:
+            print("\n".join((done.stdout + done.stderr).splitlines()[-20:]), flush=True)
+        code = done.returncode
+    print(f"$ {python} -m {' '.join(README_TEST_COMMAND + list(tests))}", flush=True)
+    result = run_tests(python, root, tests)
+    print(f"{venv.name}, torch {torch_in(python)}: {result['summary']} "
+          f"(exit {result['returncode']}, {result['seconds']:.0f} s wall)", flush=True)
+    return code or result["returncode"]

@@ -10,10 +10,10 @@ rendered, past that cell, and the command names the cell and exits 1.
 
 Reference pages teach without telling: the exercises run in a scratch folder (never
 ``notebooks/my_work/``), and what a hint, a solution or a check of the untouched
-skeleton prints is left out unless ``--answers`` asks for it. Each page is titled with
-its notebook's first heading and stands alone offline: formulas are rendered to MathML
-when the page is built (``latex2mathml``; browsers draw MathML themselves), and the
-page loads no script (no MathJax, require.js or widget manager from a CDN).
+skeleton prints (the cells tagged ``answer``) is left out unless ``--answers`` asks for it.
+Each page is titled with its notebook's first heading and stands alone offline: formulas
+are rendered to MathML when the page is built (``latex2mathml``; browsers draw MathML
+themselves), and the page loads no script (no MathJax, require.js or widget manager from a CDN).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-#: Cells whose output gives an answer away: a hint, a solution, a check of the learner's own (here: untouched) file.
-ANSWER_CELL = re.compile(r"exercises\.(hint|solution)\(|exercises\.check\(\s*[\"'][a-z_]+[\"']\s*\)")
+#: The tag of cells whose output gives an answer away: a hint, a solution, a check of the learner's
+#: own (here: untouched) file.
+ANSWER_TAG = "answer"
 LEFT_OUT = ("(left out of the reference page: run this cell in the notebook; "
             "python -m ddp_tutorial.teacher.render --answers includes it)")
 #: The lab template without the scripts it loads from CDNs (MathJax, require.js, widgets, mermaid).
@@ -79,15 +80,14 @@ def math_to_mathml(markdown: str) -> str:
 
 
 def leave_out_answers(nb) -> int:
-    """Replace the outputs of hint, solution and own-file check cells with one line; returns how many."""
+    """Replace the outputs of the cells tagged ``ANSWER_TAG`` with one line saying so; returns how
+    many. (nbconvert's ``TagRemovePreprocessor`` would remove them, and no line would say so.)"""
     import nbformat
 
-    count = 0
-    for cell in nb.cells:
-        if cell.cell_type == "code" and ANSWER_CELL.search(cell.source) and cell.get("outputs"):
-            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=LEFT_OUT + "\n")]
-            count += 1
-    return count
+    answers = [c for c in nb.cells if ANSWER_TAG in c.metadata.get("tags", []) and c.get("outputs")]
+    for cell in answers:
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=LEFT_OUT + "\n")]
+    return len(answers)
 
 
 def to_html(nb) -> str:

@@ -6,7 +6,7 @@ SUBMISSIONS holds one folder (or one .zip) per learner, named for the learner,
 with the files ``exercises.start`` writes: ``init.py``, ``wrap.py``, ``sampler.py``,
 ``no_sync.py``, ``teardown.py``, ``capstone.py``, ``shard.py`` (any subset). Each file
 goes through ``exercises.check``, as the learner's notebook runs it, inside a sandbox
-(``sandbox.py``): its own PID, mount and network namespaces, its own uid, a fresh
+(``sandbox.py``, bubblewrap): its own PID, mount and network namespaces, its own uid, a fresh
 folder, read-only everything else, and limits on time, memory, processes and output.
 The results go to ``--out``: ``report.html``, ``report.csv``, ``results.json``, and a
 cache that lets a second run check only what is new or changed. What the sandbox
@@ -15,12 +15,10 @@ guarantees, and what it does not: docs/grading.md.
 
 from __future__ import annotations
 
-import base64
 import functools
 import json
 import os
 import queue
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,10 +27,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 from ddp_tutorial.exercises import NAMES
-from ddp_tutorial.teacher.grade.collect import FILES, LayoutError, collect  # noqa: F401 (FILES: for the command)
+from ddp_tutorial.teacher.grade import sandbox
+from ddp_tutorial.teacher.grade.collect import LayoutError, collect
 from ddp_tutorial.teacher.grade.outcomes import (CRASHED, FAILED, NOT_SUBMITTED, PACKAGE_ROOT, PASSED, REFUSED,
                                                  TIMED_OUT, Cache, Limits, Outcome, cache_key, kit_version)
 
@@ -86,13 +85,6 @@ class _Capped:
         return b"" if self.dropped else self.head + self.tail
 
 
-def sandbox_command() -> List[str]:
-    # setpriv: the sandbox dies with the grader (parent-death signal); unshare: its own namespaces,
-    # and --kill-child takes the PID namespace's first process, and with it every other, when unshare dies.
-    return ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "--pid", "--fork", "--kill-child", "--mount",
-            "--net", "--mount-proc", "--", sys.executable, "-m", "ddp_tutorial.teacher.grade.sandbox"]
-
-
 #: The sandboxes running now: an interrupted grader stops them all at once.
 _RUNNING: Dict[int, subprocess.Popen] = {}
 
@@ -125,21 +117,24 @@ def check_in_sandbox(learner: str, exercise: str, source: bytes, timeout: float,
     """``exercises.check`` one file in a fresh sandbox (``sandbox.py``); never raises for what the file does."""
     t0 = time.monotonic()
     read_end, write_end = os.pipe()
-    spec = {"exercise": exercise, "source": base64.b64encode(source).decode(), "uid": uid, "timeout": timeout,
-            "hide": list(hide), "keep": list(keep), "pythonpath": str(KIT_ROOT), "tmp_bytes": limits.tmp_bytes, "shm_bytes": limits.shm_bytes,
-            "result_fd": write_end,
-            "limits": {"memory_bytes": torch_address_space() + limits.memory_bytes, "processes": limits.processes,
-                       "file_bytes": limits.file_bytes, "cpu_seconds": limits.cpu_seconds}}
-    process = subprocess.Popen(sandbox_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    # RLIMIT_AS: what importing torch maps, plus what the check may use beyond it
+    argv = sandbox.command(exercise, timeout, uid, write_end, {
+        **asdict(limits), "memory_bytes": torch_address_space() + limits.memory_bytes}, hide, keep)
+    home, check = f"{sandbox.CHECK_DIR}/home", sandbox.CHECK_DIR
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "LANG": "C.UTF-8",
+           "TMPDIR": "/tmp", "MPLCONFIGDIR": home, "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTHONPATH": str(KIT_ROOT), "DDP_TUTORIAL_RUNS": f"{check}/runs",
+           "DDP_TUTORIAL_MY_WORK": check}
+    process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, pass_fds=(write_end,), start_new_session=True,
-                               cwd="/", env={**os.environ, "PYTHONPATH": str(KIT_ROOT)})
+                               cwd="/", env=env)
     _RUNNING[process.pid] = process
     os.close(write_end)
     output = _Capped(process.stdout, limits.output_bytes)
     result = _Capped(os.fdopen(read_end, "rb"), 8 << 20)
     killed = False
     try:
-        process.stdin.write(json.dumps(spec).encode())
+        process.stdin.write(source)
         process.stdin.close()
     except BrokenPipeError:
         pass
@@ -205,16 +200,14 @@ def sandbox_problem() -> Optional[str]:
     if os.geteuid() != 0:
         return ("grading runs each learner's code in a sandbox (namespaces, a uid of its own), which needs root: "
                 "run it with sudo, or in a container as root (docs/grading.md)")
-    for program in ("unshare", "setpriv"):
-        if shutil.which(program) is None:
-            return f"{program} (util-linux) is missing"
-    return None
+    return sandbox.missing()
 
 
 def hidden_and_kept(submissions: Path, out: Path) -> tuple:
     """The folders a check must not see, and the paths it needs even where they lie inside one."""
     home = Path(os.path.expanduser("~")).resolve()
     hide = {str(submissions), str(out), str(home), "/root", str(KIT_ROOT / "notebooks" / "my_work")}
+    hide = {p for p in hide if os.path.isdir(p)}
     keep = {str(Path(p).resolve()) for p in [sys.prefix, sys.base_prefix, KIT_ROOT, *sys.path] if p}
     keep = {p for p in keep if os.path.exists(p)}
     for needed in keep:

@@ -1,9 +1,10 @@
 """Inside the sandbox, as the sandbox's uid: ``exercises.check`` one file, the result as JSON on a pipe.
 
-    python -m ddp_tutorial.teacher.grade.checkone EXERCISE PATH TIMEOUT FD
+    python -m ddp_tutorial.teacher.grade.checkone EXERCISE TIMEOUT FD < FILE
 
-FD is a pipe to the grader, made close-on-exec here first, so neither the
-fork server nor the ranks (the learner's code) inherit it.
+The file's bytes come on stdin and go into ``sandbox.CHECK_DIR``. FD is a pipe to the grader,
+made close-on-exec here first, so neither the fork server nor the ranks (the learner's code)
+inherit it.
 """
 
 from __future__ import annotations
@@ -13,11 +14,19 @@ import json
 import os
 import sys
 
+from ddp_tutorial.teacher.grade.sandbox import CHECK_DIR
+
 
 def main(argv) -> int:
-    exercise, path, timeout, fd = argv[0], argv[1], float(argv[2]), int(argv[3])
+    exercise, timeout, fd = argv[0], float(argv[1]), int(argv[2])
     fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
     result_pipe = os.fdopen(fd, "w", encoding="utf-8")
+    for folder in (CHECK_DIR, f"{CHECK_DIR}/home", f"{CHECK_DIR}/runs"):
+        os.mkdir(folder, 0o700)
+    path = f"{CHECK_DIR}/{exercise}.py"
+    with open(path, "wb") as f:
+        f.write(sys.stdin.buffer.read())
+    os.chdir(CHECK_DIR)
     from ddp_tutorial import exercises, launcher
 
     # torch is imported once, by the forkserver, before the first run's deadline starts: on a busy

@@ -8,7 +8,7 @@ no script and loads nothing (a Content-Security-Policy says so to the browser).
 from __future__ import annotations
 
 import csv
-import html
+import io
 import json
 import os
 import time
@@ -31,14 +31,14 @@ li.ok{color:#1a6b1a}li.no{color:#a11}li.nm{color:#777}"""
 
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8", newline="")  # as written: the CSV's lines end in \r\n
     os.replace(tmp, path)
 
 
 def cell(outcome) -> str:
     """A CSV cell: the status, and for a failure its first line."""
-    text = outcome.status + (f": {outcome.summary}" if outcome.summary and outcome.status != "passed" else "")
-    return "'" + text if text[:1] in "=+-@\t\r" else text  # a spreadsheet must not run it as a formula
+    failed = outcome.summary and outcome.status != "passed"
+    return cell_text_safe(outcome.status + (f": {outcome.summary}" if failed else ""))
 
 
 def mistakes_by_exercise(outcomes) -> Dict[str, Counter]:
@@ -73,63 +73,57 @@ def terminal_summary(subs, outcomes) -> str:
     return "\n".join(["", "per exercise:"] + ["  " + line for line in per_exercise_lines(subs, outcomes)])
 
 
-def _td(outcome) -> str:
-    klass = outcome.status.split()[0]
-    why = f'<span class="why">{html.escape(outcome.summary)}</span>' if outcome.summary and outcome.status != "passed" else ""
-    anchor = f'#learner-{_id(outcome.learner)}'
-    return f'<td class="{klass}"><a href="{anchor}">{html.escape(MARK.get(outcome.status, outcome.status))}</a>{why}</td>'
-
-
 def _id(learner: str) -> str:
     return "".join(c if c.isalnum() else f"_{ord(c):x}" for c in learner)
 
 
-def html_report(subs, outcomes, seconds: float, settings: Dict) -> str:
-    by = {(o.learner, o.exercise): o for o in outcomes}
-    esc = html.escape
-    rows = []
-    for sub in subs:
-        rows.append(f'<tr><th><a href="#learner-{_id(sub.learner)}">{esc(sub.learner)}</a></th>'
-                    + "".join(_td(by[sub.learner, e]) for e in NAMES) + "</tr>")
-    sections = []
-    for sub in subs:
-        parts = [f'<h3 id="learner-{_id(sub.learner)}">{esc(sub.learner)}</h3>',
-                 f"<p>from {esc(os.path.basename(sub.origin))}"
-                 + (f"; skipped: {esc(', '.join(sub.skipped))}" if sub.skipped else "") + "</p>"]
-        for exercise in NAMES:
-            o = by[sub.learner, exercise]
-            mark = MARK.get(o.status, o.status)
-            head = f"<h4>{esc(exercise)}: {esc(mark if o.status in mark else mark + ' ' + o.status)}"
-            head += f" <small>({o.seconds:.0f} s{', from the cache' if o.cached else ''})</small></h4>" if o.seconds else "</h4>"
-            parts.append(head)
-            if o.criteria:
-                items = []
-                for name, ok, detail in o.criteria:
-                    klass, mark = ("ok", "✓") if ok else ("nm", "·") if detail.startswith("not measured: ") else ("no", "✗")
-                    items.append(f'<li class="{klass}">{mark} {esc(name)}<pre>{esc(detail)}</pre></li>')
-                parts.append("<ul>" + "".join(items) + "</ul>")
-            elif o.summary:
-                parts.append(f"<pre>{esc(o.summary)}</pre>")
-            if o.status == "crashed" and not o.criteria and o.log:
-                parts.append(f"<details><summary>the check's output</summary><pre>{esc(o.log[-4000:])}</pre></details>")
-        sections.append("\n".join(parts))
-    summary = "".join(f"<li>{esc(line)}</li>" for line in per_exercise_lines(subs, outcomes))
-    when = time.strftime("%Y-%m-%d %H:%M")
-    return f"""<!DOCTYPE html>
+#: The page, by Jinja2 with autoescape: every text a learner's file can influence is escaped.
+PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'">
-<title>Exercise results: {len(subs)} learners</title><style>{STYLE}</style></head><body>
-<h1>Exercise results: {len(subs)} learners</h1>
-<p>Graded {esc(when)} in {seconds:.0f} s; each run's deadline {settings['timeout']:g} s; kit {esc(settings['kit'])}.
-✓ passed; ✗ a criterion failed (its first line below the mark); ✗ crashed: the script stopped with an error on
-a rank; ✗ timed out: stopped at the deadline; — not submitted. Each mark links to the learner's section.</p>
-<table><tr><th>learner</th>{''.join(f'<th>{esc(e)}</th>' for e in NAMES)}</tr>
-{chr(10).join(rows)}</table>
-<h2>Per exercise</h2><ul>{summary}</ul>
+<title>Exercise results: {{ subs|length }} learners</title><style>{{ style }}</style></head><body>
+<h1>Exercise results: {{ subs|length }} learners</h1>
+<p>Graded {{ when }} in {{ "%.0f"|format(seconds) }} s;
+each run's deadline {{ "%g"|format(settings.timeout) }} s; kit {{ settings.kit }}.
+✓ passed; ✗ a criterion failed (its first line below the mark); ✗ crashed: the script stopped
+with an error on a rank; ✗ timed out: stopped at the deadline; — not submitted.
+Each mark links to the learner's section.</p>
+<table><tr><th>learner</th>{% for e in names %}<th>{{ e }}</th>{% endfor %}</tr>
+{% for sub in subs %}<tr><th><a href="#learner-{{ id(sub.learner) }}">{{ sub.learner }}</a></th>
+{%- for e in names %}{% set o = by[sub.learner, e] %}<td class="{{ o.status.split()[0] }}">
+<a href="#learner-{{ id(sub.learner) }}">{{ mark.get(o.status, o.status) }}</a>
+{%- if o.summary and o.status != "passed" %}<span class="why">{{ o.summary }}</span>{% endif %}</td>
+{%- endfor %}</tr>
+{% endfor %}</table>
+<h2>Per exercise</h2><ul>{% for line in summary %}<li>{{ line }}</li>{% endfor %}</ul>
 <h2>Per learner</h2>
-{chr(10).join(sections)}
+{% for sub in subs %}<h3 id="learner-{{ id(sub.learner) }}">{{ sub.learner }}</h3>
+<p>from {{ basename(sub.origin) }}
+{%- if sub.skipped %}; skipped: {{ sub.skipped|join(", ") }}{% endif %}</p>
+{% for e in names %}{% set o = by[sub.learner, e] %}{% set m = mark.get(o.status, o.status) %}
+<h4>{{ e }}: {{ m if o.status in m else m ~ " " ~ o.status }}
+{%- if o.seconds %} <small>({{ "%.0f"|format(o.seconds) }} s
+{{- ", from the cache" if o.cached }})</small>{% endif %}</h4>
+{% if o.criteria %}<ul>{% for name, ok, detail in o.criteria %}
+{%- set k = "ok" if ok else ("nm" if detail.startswith("not measured: ") else "no") %}
+<li class="{{ k }}">{{ {"ok": "✓", "nm": "·", "no": "✗"}[k] }} {{ name }}
+<pre>{{ detail }}</pre></li>
+{%- endfor %}</ul>{% elif o.summary %}<pre>{{ o.summary }}</pre>{% endif %}
+{% if o.status == "crashed" and not o.criteria and o.log %}
+<details><summary>the check's output</summary><pre>{{ o.log[-4000:] }}</pre></details>{% endif %}
+{% endfor %}{% endfor %}
 </body></html>
 """
+
+
+def html_report(subs, outcomes, seconds: float, settings: Dict) -> str:
+    from jinja2 import Environment
+
+    page = Environment(autoescape=True).from_string(PAGE)
+    return page.render(subs=subs, by={(o.learner, o.exercise): o for o in outcomes}, names=NAMES,
+                       mark=MARK, id=_id, basename=os.path.basename, style=STYLE,
+                       summary=per_exercise_lines(subs, outcomes), seconds=seconds,
+                       settings=settings, when=time.strftime("%Y-%m-%d %H:%M"))
 
 
 def write(out: Path, subs, outcomes, seconds: float, settings: Dict) -> Dict[str, Path]:
@@ -137,13 +131,10 @@ def write(out: Path, subs, outcomes, seconds: float, settings: Dict) -> Dict[str
     by = {(o.learner, o.exercise): o for o in outcomes}
     paths = {"html": out / "report.html", "csv": out / "report.csv", "json": out / "results.json"}
     _write_atomic(paths["html"], html_report(subs, outcomes, seconds, settings))
-    tmp = paths["csv"].with_name("report.csv.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(["learner", *NAMES])
-        for sub in subs:
-            writer.writerow([cell_text_safe(sub.learner)] + [cell(by[sub.learner, e]) for e in NAMES])
-    os.replace(tmp, paths["csv"])
+    table = io.StringIO()
+    csv.writer(table).writerows([["learner", *NAMES]] + [
+        [cell_text_safe(sub.learner)] + [cell(by[sub.learner, e]) for e in NAMES] for sub in subs])
+    _write_atomic(paths["csv"], table.getvalue())
     results = {"settings": settings, "seconds": seconds,
                "learners": [{"learner": s.learner, "origin": s.origin, "skipped": s.skipped} for s in subs],
                "outcomes": [{k: v for k, v in asdict(o).items() if k != "log"} for o in outcomes]}
@@ -152,4 +143,4 @@ def write(out: Path, subs, outcomes, seconds: float, settings: Dict) -> Dict[str
 
 
 def cell_text_safe(text: str) -> str:
-    return "'" + text if text[:1] in "=+-@\t\r" else text
+    return "'" + text if text[:1] in "=+-@\t\r" else text  # a spreadsheet must not run a formula
