@@ -183,9 +183,9 @@ def test_the_guide_shows_the_shipped_script_as_it_is():
     assert shown.split("```", 2)[1].split("\n", 1)[1] == Path(slurm.SBATCH_SCRIPT).read_text()
 
 
-def test_the_notebook_cells_say_why_no_job_runs_when_the_cluster_is_down(tmp_path):
+def test_the_demo_says_why_no_job_runs_when_the_cluster_is_down(tmp_path):
     assert lesson.sbatch_source() == Path(slurm.SBATCH_SCRIPT).read_text()
-    said = lesson.local_job_demo(slurm.LocalCluster(tmp_path / "never-started"))
+    said = slurm.demo_job(slurm.LocalCluster(tmp_path / "never-started"))
     if WHY_NOT is None:
         assert "not running" in said and "python -m ddp_tutorial.maintainer.slurm start" in said
     else:

@@ -292,3 +292,34 @@ def wait_for(ready, timeout: float, what: str) -> None:
             raise ClusterError(f"the local SLURM cluster did not reach '{what}' "
                                f"within {timeout:.0f} s")
         time.sleep(0.2)  # polling the daemons' state; they signal nothing
+
+
+def demo_job(cluster=None, folder=None, timeout: float = 120.0) -> str:
+    """If the local cluster is up: a small 2-node x 2-rank job of train.py, its queue entry and output.
+
+    Otherwise a line that says why not (SLURM missing, or not started) and how to start it.
+    Nothing is started here: ``start`` starts the cluster.
+
+    Args:
+        cluster: a ``LocalCluster``; default the ``start`` command's folder.
+        folder: where the job runs and writes; default a new folder under ``runs/``.
+        timeout: seconds the job may take.
+    """
+    why = missing()
+    if why:
+        return f"No local SLURM cluster here: {why}."
+    cluster = cluster or LocalCluster()
+    if not cluster.is_up():
+        return ("The local SLURM cluster is not running. Start it (as root) with\n"
+                "    python -m ddp_tutorial.maintainer.slurm start\n"
+                "and run `demo` again; stop it afterwards with `stop`.")
+    Path("runs").mkdir(exist_ok=True)
+    folder = Path(folder or tempfile.mkdtemp(prefix="08-slurm-", dir="runs")).resolve()
+    env = cluster.job_env()
+    job = cluster.submit(["--dataset-size", "128", "--batch-size", "8", "--accum-steps", "2", "--epochs", "2",
+                          "--out", "run"], cwd=folder, env=env, options=["--output", "job.out"])
+    wait_for(lambda: "PENDING" not in cluster.squeue(), timeout, f"job {job} started")
+    queue = cluster.squeue()  # while it runs: one job on node[1-2]
+    cluster.wait_gone(job, timeout)
+    output = (folder / "job.out").read_text() if (folder / "job.out").exists() else "(no output)"
+    return f"$ squeue  (while the job runs)\n{queue}\n$ cat job.out  (job {job}, ended)\n{output}"

@@ -1,18 +1,21 @@
 """Start, stop or look at the local SLURM cluster.
 
-    python -m ddp_tutorial.maintainer.slurm start|stop|status [--folder DIR]
+    python -m ddp_tutorial.maintainer.slurm start|demo|stop|status [--folder DIR]
+
+``demo`` submits a small 2-node job of train.py and prints the queue and the job's output.
 """
 
 import argparse
 import sys
 
-from ddp_tutorial.maintainer.slurm import DEFAULT_FOLDER, SBATCH_SCRIPT, ClusterError, LocalCluster
+from ddp_tutorial.maintainer.slurm import (DEFAULT_FOLDER, SBATCH_SCRIPT, ClusterError, LocalCluster,
+                                          demo_job)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.maintainer.slurm",
                                      description="A SLURM controller and two nodes on 127.0.0.1.")
-    parser.add_argument("action", choices=["start", "stop", "status"])
+    parser.add_argument("action", choices=["start", "demo", "stop", "status"])
     parser.add_argument("--folder", default=str(DEFAULT_FOLDER),
                         help=f"configuration, state and logs (default: {DEFAULT_FOLDER})")
     args = parser.parse_args(argv)
@@ -24,6 +27,8 @@ def main(argv=None) -> int:
                   f"  export SLURM_CONF={cluster.conf}\n"
                   f"  sbatch --wait {SBATCH_SCRIPT} --epochs 2 --out runs/slurm\n"
                   f"and, to stop it: python -m ddp_tutorial.maintainer.slurm stop")
+        elif args.action == "demo":
+            print(demo_job(cluster))
         elif args.action == "stop":
             stopped = cluster.stop()
             print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
