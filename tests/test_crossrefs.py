@@ -235,7 +235,7 @@ def bad_names(text: str, alias: dict) -> list:
     bad = [m.group(0) for m in DOTTED.finditer(text) if not name_resolves(m.group(0))]
     for m in SHORT.finditer(text):
         short, attr, more = m.groups()
-        if attr in FILE_EXT or attr in ("jsonl", "json", "pt", "png", "com"):
+        if attr in FILE_EXT or attr in ("jsonl", "json", "pt", "png", "com", "html", "csv"):
             continue
         modules = [alias[short]] if short in alias else package_modules().get(short, [])
         if not modules:
