@@ -11,7 +11,7 @@ never produced is tested on records made by hand: no launch.
 import pytest
 
 from ddp_tutorial import exercises
-from ddp_tutorial.exercises import shard
+from ddp_tutorial.exercises.judge import shard
 from ddp_tutorial.exercises.runs import HarnessRun
 from test_exercises import (  # noqa: F401
     MISTAKES, RIGHT_ANSWERS, TIMEOUT, assert_nothing_left, failed, in_tmp_folder, passed_names, run_records)

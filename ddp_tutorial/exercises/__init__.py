@@ -16,8 +16,11 @@ crashing, hanging or missing script; it reports. The scripts share one fixed
 task (``workers/task.py``: model, data, loss, settings), so a check can compute what
 one process would have computed, and the results of typical mistakes.
 
-Importing this module does not import torch: only the ranks do. The scripts the
-ranks run (the harness, the task, the references) are in ``workers/``.
+Each exercise is one row of ``EXERCISES``: its hint, how its check runs the script,
+the harness on the ranks and the judge; its skeleton and solution are
+``skeletons/<name>.py`` and ``solutions/<name>.py``. Importing this module does not
+import torch: only the ranks do. The scripts the ranks run (the harness, the task,
+the references) are in ``workers/``.
 """
 
 from __future__ import annotations
@@ -28,64 +31,104 @@ import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 from ddp_tutorial import envvars
-from ddp_tutorial.exercises import judge, runs, settings, shard
-from ddp_tutorial.exercises.judge import my_ddp
+from ddp_tutorial.exercises import judge, runs
+# ``shard`` here too: the shard skeleton reads its ``LR`` and ``checkpoint_path()`` from here.
+from ddp_tutorial.exercises.judge import my_ddp, shard
 from ddp_tutorial.exercises.predict import Printed, ask, reveal
 
-NAMES = ("init", "wrap", "sampler", "no_sync", "teardown", "capstone", "shard", "my_ddp")
 PACKAGE_DIR = Path(__file__).resolve().parent
 SKELETONS_DIR = PACKAGE_DIR / "skeletons"
 #: The reference solutions: ``check("no_sync", SOLUTIONS_DIR / "no_sync.py")`` passes.
 SOLUTIONS_DIR = PACKAGE_DIR / "solutions"
 DEFAULT_FOLDER = "my_work"
-#: Environment variable: another folder for the learner's scripts. The kit's test configuration sets it
-#: (``ddp_tutorial.exercises.pytest_plugin``), so tests and nbmake runs never write into notebooks/my_work/.
 #: Seconds one run of a learner's script may take before the check calls it a hang.
 DEFAULT_TIMEOUT_S = 90.0
 #: Ranks every check starts (torchrun's too, in the capstone).
 WORLD_SIZE = 2
 
-HINTS = {
-    "init": (
-        "dist.init_process_group(\"gloo\") with no other arguments: its default init_method, env://, "
-        "reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which the launcher set for each process. "
-        "Then rank = dist.get_rank(); dist.all_reduce(value) sums in place on every rank (SUM is the "
-        "default op); and dist.destroy_process_group() at the end."),
-    "wrap": (
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise: ``skeletons/<name>.py`` and ``solutions/<name>.py``, how its check runs the
+    script (``run``: ``runs.per_world_size``, ``runs.normal_then_failing`` or ``runs.three_ways``,
+    each giving the runs in order), the ``harness`` on the ranks, and ``judge(*runs)``: the
+    criteria."""
+
+    name: str
+    judge: Callable[..., List[judge.Criterion]]
+    hint: str
+    run: Callable[..., List[runs.HarnessRun]] = runs.per_world_size
+    harness: Path = runs.HARNESS
+    world_sizes: Tuple[int, ...] = (WORLD_SIZE,)
+
+
+#: Every exercise, in the notebooks' order: what ``start``, ``check``, ``hint``, ``solution``
+#: and the grader read.
+EXERCISES: Dict[str, Exercise] = {e.name: e for e in (
+    Exercise("init", judge.judge_init, hint=(
+        "dist.init_process_group(\"gloo\") with no other arguments: its default init_method, "
+        "env://, reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which the launcher set for "
+        "each process. Then rank = dist.get_rank(); dist.all_reduce(value) sums in place on every "
+        "rank (SUM is the default op); and dist.destroy_process_group() at the end.")),
+    Exercise("wrap", judge.judge_wrap, hint=(
         "model = DDP(model) right after building it: DDP broadcasts rank 0's parameters when it is "
-        "built, and every backward through the wrapper averages the gradients. Train the wrapped model: "
-        "call model(x) on the DDP object, not model.module(x). On CPU, give DDP no device_ids."),
-    "sampler": (
-        "sampler = DistributedSampler(dataset) reads the world size and rank from the process group; "
-        "pass it as DataLoader(dataset, batch_size=..., sampler=sampler), without shuffle=True. Its "
-        "shuffle comes from seed + epoch, so call sampler.set_epoch(epoch) at the top of every epoch."),
-    "no_sync": (
-        "For a micro-batch that does not end its window: `with model.no_sync():` around BOTH lines, "
-        "loss = task.loss_fn(model(x), y) / window and loss.backward(). DDP decides in forward whether "
-        "the next backward all-reduces, so a forward outside no_sync() syncs anyway. The last "
-        "micro-batch of a window runs the same two lines outside no_sync(): its backward all-reduces the "
-        "window's sum once. contextlib.nullcontext() lets one `with` serve both cases. Divide by `window`, "
-        "not K: the epoch's last window (its tail) is shorter, and its losses are divided by its own size."),
-    "teardown": (
-        "Right after init_process_group: try: (all the training) finally: dist.destroy_process_group(). "
-        f"The rule: {judge.TEARDOWN_RULE[:1].lower()}{judge.TEARDOWN_RULE[1:]}. destroy removes the group from torch's registries and calls "
-        "the backend's shutdown where it has one; gloo has none, so its sockets and threads close when "
-        "the last reference to the group goes, or at exit. Drop the DDP model (model = None) before "
-        "destroy: it holds the group."),
-    "capstone": (
-        "Decide once: distributed = \"RANK\" in os.environ. Only then init_process_group, wrap in DDP, and "
-        "try/finally around the rest with destroy_process_group. DistributedSampler(dataset, "
-        "num_replicas=world_size, rank=rank) needs no process group with 1 and 0, so one code path "
-        "serves both. Then set_epoch every epoch, no_sync() (forward included) on the micro-batches that "
-        "do not end a window (keep the script's schedule: the epoch's tail is a shorter window), and "
-        "torch.save(model.state_dict()) of the model inside DDP, only where rank == 0; drop the DDP "
-        "model (= None) before destroy_process_group()."),
-    "shard": shard.HINT,
-    "my_ddp": my_ddp.HINT,
-}
+        "built, and every backward through the wrapper averages the gradients. Train the wrapped "
+        "model: call model(x) on the DDP object, not model.module(x). On CPU, give DDP no "
+        "device_ids.")),
+    Exercise("sampler", judge.judge_sampler, hint=(
+        "sampler = DistributedSampler(dataset) reads the world size and rank from the process "
+        "group; pass it as DataLoader(dataset, batch_size=..., sampler=sampler), without "
+        "shuffle=True. Its shuffle comes from seed + epoch, so call sampler.set_epoch(epoch) at "
+        "the top of every epoch.")),
+    Exercise("no_sync", judge.judge_no_sync, hint=(
+        "For a micro-batch that does not end its window: `with model.no_sync():` around BOTH "
+        "lines, loss = task.loss_fn(model(x), y) / window and loss.backward(). DDP decides in "
+        "forward whether the next backward all-reduces, so a forward outside no_sync() syncs "
+        "anyway. The last micro-batch of a window runs the same two lines outside no_sync(): its "
+        "backward all-reduces the window's sum once. contextlib.nullcontext() lets one `with` "
+        "serve both cases. Divide by `window`, not K: the epoch's last window (its tail) is "
+        "shorter, and its losses are divided by its own size.")),
+    Exercise("teardown", judge.judge_teardown, run=runs.normal_then_failing, hint=(
+        "Right after init_process_group: try: (all the training) finally: "
+        "dist.destroy_process_group(). The rule: "
+        f"{judge.TEARDOWN_RULE[:1].lower()}{judge.TEARDOWN_RULE[1:]}. destroy removes the group "
+        "from torch's registries and calls the backend's shutdown where it has one; gloo has none, "
+        "so its sockets and threads close when the last reference to the group goes, or at exit. "
+        "Drop the DDP model (model = None) before destroy: it holds the group.")),
+    Exercise("capstone", judge.judge_capstone, run=runs.three_ways, hint=(
+        "Decide once: distributed = \"RANK\" in os.environ. Only then init_process_group, wrap in "
+        "DDP, and try/finally around the rest with destroy_process_group. "
+        "DistributedSampler(dataset, num_replicas=world_size, rank=rank) needs no process group "
+        "with 1 and 0, so one code path serves both. Then set_epoch every epoch, no_sync() "
+        "(forward included) on the micro-batches that do not end a window (keep the script's "
+        "schedule: the epoch's tail is a shorter window), and torch.save(model.state_dict()) of "
+        "the model inside DDP, only where rank == 0; drop the DDP model (= None) before "
+        "destroy_process_group().")),
+    Exercise("shard", shard.judge_shard, harness=runs.WORKERS / "shard_harness.py", hint=(
+        "optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, "
+        "lr=shard.LR): it builds an Adam of its own for this rank's share of the parameters and "
+        "passes lr= on to it. Before saving: optimizer.consolidate_state_dict(to=0) on every rank "
+        "(it is a collective: each rank other than 0 broadcasts its shard, and every rank takes "
+        "part in each broadcast), then optimizer.state_dict() on rank 0 only.")),
+    Exercise("my_ddp", my_ddp.judge_my_ddp, harness=runs.WORKERS / "my_ddp_harness.py",
+             world_sizes=(2, 4), hint=(
+        "In __init__: dist.broadcast(t, src=0) for every parameter and buffer (under "
+        "torch.no_grad()). Then the buckets: walk reversed([p for p in module.parameters() if "
+        "p.requires_grad]) (a list: the same order on every rank; frozen parameters get no hook) "
+        "and start a new bucket when the next one would pass the cap. "
+        "p.register_post_accumulate_grad_hook(fn) calls fn(p) once p.grad is complete: count the "
+        "bucket's arrivals, and at its last one torch.cat its gradients, divide by the world size, "
+        "and keep the handle of dist.all_reduce(flat, async_op=True). Touch flat no more until "
+        "finish_gradient_synchronization() has waited for the handle; then copy its pieces back "
+        "into each p.grad, and reset the counts for the next step. A bucket whose gradients did "
+        "not all arrive (a parameter no forward used): raise an error there. no_sync(): a flag the "
+        "hook reads.")),
+)}
+NAMES = tuple(EXERCISES)
+
 
 
 @dataclass
@@ -164,7 +207,7 @@ def start(name: str, folder=None) -> Path:
 
 def hint(name: str) -> Printed:
     """Print a hint for exercise ``name``; returns it (a notebook shows it once, printed)."""
-    text = HINTS[_known(name)]
+    text = EXERCISES[_known(name)].hint
     print(textwrap.fill(text, 100))
     return Printed(text)
 
@@ -193,7 +236,7 @@ def check(name: str, path=None, timeout: float = DEFAULT_TIMEOUT_S, echo: str = 
     Raises:
         ValueError: ``name`` is not an exercise.
     """
-    _known(name)
+    exercise = EXERCISES[_known(name)]
     t0 = time.monotonic()
     script = Path(path) if path is not None else default_script(name)
     harness_runs: List[runs.HarnessRun] = []
@@ -202,9 +245,11 @@ def check(name: str, path=None, timeout: float = DEFAULT_TIMEOUT_S, echo: str = 
                                     f"no file at {script} (looked in {script.parent.resolve()}): "
                                     f"run exercises.start({name!r}) first")]
     else:
-        criteria = _run_and_judge(name, script.resolve(), timeout, echo, _run_folder(name), harness_runs)
-    pids = list(dict.fromkeys(pid for run in harness_runs for pid in run.pids))  # a plain run reports its pid twice
-    result = _result(name, script, criteria, pids, time.monotonic() - t0)
+        harness_runs = exercise.run(exercise, script.resolve(), _run_folder(name), timeout, echo)
+        criteria = exercise.judge(*harness_runs)
+    # dict.fromkeys: a plain run reports its pid twice
+    pids = list(dict.fromkeys(pid for run in harness_runs for pid in run.pids))
+    result = _result(exercise, script, criteria, pids, time.monotonic() - t0)
     print(result.message)
     return result
 
@@ -216,51 +261,9 @@ def _run_folder(name: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-exercise-{name}-", dir=root))
 
 
-def _run_and_judge(name: str, script: Path, timeout: float, echo: str, folder: Path,
-                   harness_runs: List[runs.HarnessRun]) -> List[judge.Criterion]:
-    if name == "teardown":
-        normal = runs.run_launch(name, script, folder / "run", timeout, WORLD_SIZE, echo=echo)
-        harness_runs.append(normal)
-        failing = None
-        if not normal.timed_out:  # a script that hangs would hang again: keep within the deadline
-            failing = runs.run_launch(name, script, folder / "rank_fails", timeout, WORLD_SIZE,
-                                      env={envvars.EXERCISE_FAIL_RANK: str(settings.FAIL_RANK)}, echo=echo)
-            harness_runs.append(failing)
-        return judge.judge_teardown(normal, failing)
-    if name == "capstone":
-        # The three runs at once: the plain process and torchrun start first, launch waits here.
-        deadline = time.monotonic() + timeout
-        started = [runs.start_plain(name, script, folder / "plain"),
-                   runs.start_torchrun(name, script, folder / "torchrun", WORLD_SIZE)]
-        try:
-            launched = runs.run_launch(name, script, folder / "launch", timeout, WORLD_SIZE, echo=echo)
-        except BaseException:  # an interrupt, or a launch that could not start: stop the others now
-            for process in started:
-                runs.finish(process, time.monotonic(), timeout)
-            raise
-        plain, torchrun = (runs.finish(process, deadline, timeout) for process in started)
-        harness_runs += [launched, plain, torchrun]
-        return judge.judge_capstone(launched, plain, torchrun)
-    if name == "my_ddp":  # the class, at W = 2 and then W = 4 (not after a hang: it would hang again)
-        for world_size in my_ddp.WORLD_SIZES:
-            harness_runs.append(runs.run_launch(name, script, folder / f"w{world_size}", timeout, world_size,
-                                                echo=echo, harness=my_ddp.HARNESS))
-            if harness_runs[-1].timed_out:
-                break
-        return my_ddp.judge_my_ddp(harness_runs)
-    harness = shard.HARNESS if name == "shard" else runs.HARNESS
-    result = runs.run_launch(name, script, folder / "run", timeout, WORLD_SIZE, echo=echo, harness=harness)
-    harness_runs.append(result)
-    return JUDGES[name](result)
-
-
-JUDGES = {"init": judge.judge_init, "wrap": judge.judge_wrap, "sampler": judge.judge_sampler,
-          "no_sync": judge.judge_no_sync, "shard": shard.judge_shard}
-
-
-def _result(name: str, script: Path, criteria: List[judge.Criterion], pids: List[int],
+def _result(exercise: Exercise, script: Path, criteria: List[judge.Criterion], pids: List[int],
             seconds: float) -> CheckResult:
-    ranks = " and ".join(map(str, my_ddp.WORLD_SIZES)) if name == "my_ddp" else WORLD_SIZE
+    name, ranks = exercise.name, " and ".join(map(str, exercise.world_sizes))
     lines = [f"exercise {name!r}: {script}, on {ranks} ranks ({seconds:.1f} s)"]
     for criterion in criteria:
         if criterion.passed:
@@ -285,5 +288,5 @@ def _result(name: str, script: Path, criteria: List[judge.Criterion], pids: List
     return CheckResult(name, passed, "\n".join(lines), [tuple(c) for c in criteria], pids, seconds)
 
 
-__all__ = ["NAMES", "SOLUTIONS_DIR", "SKELETONS_DIR", "CheckResult", "start", "check", "hint", "solution",
-           "ask", "reveal"]
+__all__ = ["EXERCISES", "Exercise", "NAMES", "SOLUTIONS_DIR", "SKELETONS_DIR", "CheckResult",
+           "start", "check", "hint", "solution", "ask", "reveal"]

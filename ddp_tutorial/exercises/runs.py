@@ -20,11 +20,12 @@ from typing import Dict, List, Optional
 
 import ddp_tutorial
 from ddp_tutorial import envvars
-from ddp_tutorial.exercises import settings
+from ddp_tutorial.exercises.settings import FAIL_RANK
 from ddp_tutorial.launcher import BOOTSTRAP, describe_exit, procgroup
 from ddp_tutorial.launcher.start import worker_env
 
-HARNESS = Path(__file__).resolve().parent / "workers" / "harness.py"
+WORKERS = Path(__file__).resolve().parent / "workers"
+HARNESS = WORKERS / "harness.py"
 
 
 @dataclass
@@ -242,3 +243,46 @@ def _rank_pids(records: Dict[int, List[dict]]) -> List[int]:
 def _traceback_tail(lines: List[str], keep: int = 8) -> List[str]:
     starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
     return lines[starts[-1]:][-keep:] if starts else lines[-keep:]
+
+
+# -- How a check runs its exercise (``Exercise.run``): the runs, in the order its judge takes them
+def per_world_size(exercise, script: Path, folder: Path, timeout: float,
+                   echo: str) -> List[HarnessRun]:
+    """The exercise's harness under launch, once per world size in order; not after a hang (it would
+    hang again)."""
+    done: List[HarnessRun] = []
+    for world_size in exercise.world_sizes:
+        sub = "run" if len(exercise.world_sizes) == 1 else f"w{world_size}"
+        done.append(run_launch(exercise.name, script, folder / sub, timeout, world_size, echo=echo,
+                               harness=exercise.harness))
+        if done[-1].timed_out:
+            break
+    return done
+
+
+def normal_then_failing(exercise, script: Path, folder: Path, timeout: float,
+                        echo: str) -> List[HarnessRun]:
+    """A normal run, then one in which rank ``FAIL_RANK`` raises mid-training (not after a hang)."""
+    world_size = exercise.world_sizes[0]
+    done = [run_launch(exercise.name, script, folder / "run", timeout, world_size, echo=echo)]
+    if not done[0].timed_out:
+        done.append(run_launch(exercise.name, script, folder / "rank_fails", timeout, world_size,
+                               env={envvars.EXERCISE_FAIL_RANK: str(FAIL_RANK)}, echo=echo))
+    return done
+
+
+def three_ways(exercise, script: Path, folder: Path, timeout: float,
+               echo: str) -> List[HarnessRun]:
+    """Under launch, as one plain process and under torchrun, at once: the plain process and
+    torchrun start first, launch waits here."""
+    deadline = time.monotonic() + timeout
+    started = [start_plain(exercise.name, script, folder / "plain"),
+               start_torchrun(exercise.name, script, folder / "torchrun", exercise.world_sizes[0])]
+    try:
+        launched = run_launch(exercise.name, script, folder / "launch", timeout,
+                              exercise.world_sizes[0], echo=echo)
+    except BaseException:  # an interrupt, or a launch that could not start: stop the others now
+        for process in started:
+            finish(process, time.monotonic(), timeout)
+        raise
+    return [launched] + [finish(process, deadline, timeout) for process in started]

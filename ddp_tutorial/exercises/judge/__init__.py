@@ -4,7 +4,8 @@ Every criterion is decided from the ranks' records alone (counts, parameters,
 sampler orders, calls seen), never from the learner's source. A failed one
 says what was measured and, where the measurement matches a typical mistake,
 names it. ``common`` holds what every exercise shares; the other modules judge
-two exercises each (``judge_init`` ... ``judge_capstone``). No torch in here.
+one or two exercises each (``judge_init`` ... ``judge_my_ddp``), and the table
+``exercises.EXERCISES`` says which judge each exercise has. No torch in here.
 """
 
 # The criteria's names and every exercise's judge, as ``judge.NAME`` (tests and the exercises use them).

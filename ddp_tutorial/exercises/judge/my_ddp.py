@@ -31,7 +31,6 @@ records; ``my_ddp_buckets`` the bucket and overlap criteria; this module the res
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ddp_tutorial.exercises.judge.common import Criterion, max_difference, not_measured, ran_to_end, ranks_text
@@ -42,19 +41,6 @@ from ddp_tutorial.exercises.judge.my_ddp_records import (  # noqa: F401
     BROADCAST, BUCKETS, CAPS, NO_SYNC, ORDER, OVERLAP, RAN, SAME, SAME_GRAD, TOLERANCE, UNUSED, bytes_text,
     caps_text, events_by_rank, trainings)
 from ddp_tutorial.exercises.runs import HarnessRun
-
-HARNESS = Path(__file__).resolve().parent.parent / "workers" / "my_ddp_harness.py"
-WORLD_SIZES = (2, 4)
-
-HINT = ("In __init__: dist.broadcast(t, src=0) for every parameter and buffer (under torch.no_grad()). Then the "
-        "buckets: walk reversed([p for p in module.parameters() if p.requires_grad]) (a list: the same order on "
-        "every rank; frozen parameters get no hook) and start a new bucket when the next one would pass the cap. "
-        "p.register_post_accumulate_grad_hook(fn) calls fn(p) once p.grad is complete: count the bucket's arrivals, "
-        "and at its last one torch.cat its gradients, divide by the world size, and keep the handle of "
-        "dist.all_reduce(flat, async_op=True). Touch flat no more until finish_gradient_synchronization() has "
-        "waited for the handle; then copy its pieces back into each p.grad, and reset the counts for the next "
-        "step. A bucket whose gradients did not all arrive (a parameter no forward used): raise an error there. "
-        "no_sync(): a flag the hook reads.")
 
 
 def _error_text(runs: List[HarnessRun]) -> str:
@@ -340,6 +326,6 @@ def same_order(runs: List[HarnessRun]) -> Criterion:
                                   "compared)")
 
 
-def judge_my_ddp(runs: List[HarnessRun]) -> List[Criterion]:
+def judge_my_ddp(*runs: HarnessRun) -> List[Criterion]:
     return [ran(runs), broadcast(runs), same_as_ddp(runs), buckets(runs), overlap(runs), no_sync(runs),
             unused(runs), same_order(runs)]

@@ -59,7 +59,7 @@ def failing_rank_leaves(normal: HarnessRun, failing: Optional[HarnessRun]) -> Cr
                                                  f"exited without calling destroy_process_group. {why}")
 
 
-def judge_teardown(normal: HarnessRun, failing: Optional[HarnessRun]) -> List[Criterion]:
+def judge_teardown(normal: HarnessRun, failing: Optional[HarnessRun] = None) -> List[Criterion]:
     harness_runs = [a for a in (normal, failing) if a is not None]
     return [ran_to_end(normal, CLEAN_EXIT), destroyed_everywhere(normal), nothing_left(harness_runs),
             port_released(normal), failing_rank_leaves(normal, failing)]

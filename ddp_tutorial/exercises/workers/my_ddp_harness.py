@@ -140,9 +140,15 @@ def grads(model):
     return [None if p.grad is None else p.grad.detach().clone() for p in trainable(model)]
 
 
-def wrap(MyDDP, model, watch, lockstep, name, **kwargs):
+def beside_ddp(MyDDP, watch, lockstep, ref_group, name, cls=ToyModel, ddp_kwargs=None, **kwargs):
+    """The toy model (``cls``) in MyDDP, and torch's DDP on another copy, each with its SGD;
+    readiness watched from before the class is built (``watch_readiness``)."""
+    model, reference = toy(0, cls), DDP(toy(0, cls), process_group=ref_group, **(ddp_kwargs or {}))
+    watch_readiness(model, watch)
     with lockstep.segment(name):
-        return MyDDP(model, **kwargs)
+        wrapped = MyDDP(model, **kwargs)
+    watch.take()
+    return model, reference, wrapped, sgd(model), sgd(reference)
 
 
 def watch_readiness(model, watch):
@@ -178,7 +184,8 @@ def case_construct(MyDDP, watch, lockstep, rank):
 
     torch.Tensor.register_post_accumulate_grad_hook = counted
     try:
-        wrapped = wrap(MyDDP, model, watch, lockstep, "construction")
+        with lockstep.segment("construction"):
+            wrapped = MyDDP(model)
     finally:
         torch.Tensor.register_post_accumulate_grad_hook = original
     calls = watch.take()
@@ -195,11 +202,10 @@ def case_construct(MyDDP, watch, lockstep, rank):
 
 
 def case_train(MyDDP, watch, lockstep, ref_group, rank, world_size, cap):
-    model, reference, local = toy(0), DDP(toy(0), process_group=ref_group), toy(0)
-    watch_readiness(model, watch)
-    wrapped = wrap(MyDDP, model, watch, lockstep, f"construction (cap {cap} bytes)", bucket_cap_mb=cap / 2**20)
-    watch.take()
-    opt, ref_opt = (sgd(m) for m in (model, reference))
+    local = toy(0)
+    model, reference, wrapped, opt, ref_opt = beside_ddp(
+        MyDDP, watch, lockstep, ref_group, f"construction (cap {cap} bytes)",
+        bucket_cap_mb=cap / 2**20)
     steps, ratio, gaps = [], None, {}
     for step in range(STEPS):
         x, y = rank_batch(step, rank, world_size)
@@ -222,11 +228,8 @@ def case_train(MyDDP, watch, lockstep, ref_group, rank, world_size, cap):
 
 
 def case_no_sync(MyDDP, watch, lockstep, ref_group, rank, world_size):
-    model, reference = toy(0), DDP(toy(0), process_group=ref_group)
-    watch_readiness(model, watch)
-    wrapped = wrap(MyDDP, model, watch, lockstep, "construction (no_sync)")
-    watch.take()
-    opt, ref_opt = (sgd(m) for m in (model, reference))
+    model, reference, wrapped, opt, ref_opt = beside_ddp(MyDDP, watch, lockstep, ref_group,
+                                                         "construction (no_sync)")
     counts = []
     for micro in range(K):
         x, y = rank_batch(100 + micro, rank, world_size)
@@ -247,12 +250,9 @@ def case_no_sync(MyDDP, watch, lockstep, ref_group, rank, world_size):
 
 def case_unused(MyDDP, watch, lockstep, ref_group, rank, world_size):
     """Two steps of a model with a parameter no forward uses; the class's own error is caught and reported."""
-    model = toy(0, UnusedToyModel)
-    reference = DDP(toy(0, UnusedToyModel), process_group=ref_group, find_unused_parameters=True)
-    watch_readiness(model, watch)
-    wrapped = wrap(MyDDP, model, watch, lockstep, "construction (unused parameter)")
-    watch.take()
-    opt, ref_opt = (sgd(m) for m in (model, reference))
+    model, reference, wrapped, opt, ref_opt = beside_ddp(
+        MyDDP, watch, lockstep, ref_group, "construction (unused parameter)", cls=UnusedToyModel,
+        ddp_kwargs={"find_unused_parameters": True})
     raised, steps = None, []
     for step in range(2):
         x, y = rank_batch(200 + step, rank, world_size)

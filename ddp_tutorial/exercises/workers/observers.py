@@ -102,27 +102,10 @@ class Observations:
         return all(id(p) in wrapped for p in optimizer_parameters(self.last_optimizer))
 
     def as_record(self):
-        return {
-            "optimizer_trains_ddp_model": self.optimizer_trains_ddp_model(),
-            "params_with_grad": self.params_with_grad,
-            "zero_grad_at": self.zero_grad_at,
-            "ddp_wraps": self.ddp_wraps,
-            "bucket_allreduces": self.bucket_allreduces,
-            "buckets": len(self.bucket_indices),
-            "ddp_forwards": self.ddp_forwards,
-            "syncing_forwards": self.syncing_forwards,
-            "no_sync_entries": self.no_sync_entries,
-            "optimizer_steps": self.optimizer_steps,
-            "params_per_step": self.params_per_step,
-            "forwards_at_step": self.forwards_at_step,
-            "final_params": self.final_parameters(),
-            "sampler_iterations": self.sampler_iterations,
-            "loader_iterations": self.loader_iterations,
-            "saves": self.saves,
-            "collectives": self.collectives,
-            "ddp_attempts": self.ddp_attempts,
-            "destroy_calls": self.destroy_calls,
-        }
+        kept = {k: v for k, v in vars(self).items()
+                if k not in ("ddp_modules", "bucket_indices", "last_optimizer")}  # not JSON
+        return {**kept, "optimizer_trains_ddp_model": self.optimizer_trains_ddp_model(),
+                "buckets": len(self.bucket_indices), "final_params": self.final_parameters()}
 
 
 def optimizer_parameters(optimizer):

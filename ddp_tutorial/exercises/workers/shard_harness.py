@@ -29,9 +29,8 @@ import torch.nn.functional as F
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook
-from torch.utils.data.distributed import DistributedSampler
 
-from ddp_tutorial.exercises.shard import LR
+from ddp_tutorial.exercises.judge.shard import LR
 from ddp_tutorial.exercises.workers import harness, observers, reference, task
 from ddp_tutorial.lessons.sharding.workers.sharding_common import nbytes, optimizer_state, state_tensors
 from ddp_tutorial.rank import bootstrap
@@ -180,15 +179,10 @@ def ddp_replay(world_size: int, seed: int = 0):
     x_all, y_all = dataset.tensors
     steps = 0
     for epoch in range(task.EPOCHS):
-        orders = []
-        for rank in range(world_size):
-            sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
-            sampler.set_epoch(epoch)
-            orders.append(list(sampler))
-        for start in range(0, len(orders[0]), task.BATCH_SIZE):
+        for batch in reference.micro_batches(dataset, world_size, epoch, seed):
+            n = len(batch) // world_size  # the global micro-batch holds each rank's rows in turn
             summed = None
-            for order in orders:
-                rows = order[start:start + task.BATCH_SIZE]
+            for rows in (batch[i:i + n] for i in range(0, len(batch), n)):
                 model.zero_grad(set_to_none=True)
                 F.mse_loss(model(x_all[rows]), y_all[rows]).backward()
                 grads = [p.grad / world_size for p in model.parameters()]
@@ -213,25 +207,20 @@ def full_state_bytes(params) -> int:
 def final_record(seen: ZeroObservers) -> dict:
     """What this rank measured once the script ended; the optimizer is the last stepped, else the last ZeRO."""
     opt = seen.last_optimizer or (seen.zeros[-1] if seen.zeros else None)
-    if opt is None:
-        return {"event": "shard_final", "optimizer": None, "local_optimizer": None, "lr": None, "state_bytes": 0,
-                "optimizer_steps": seen.steps, "param_tensors": 0, "full_state_bytes": 0, "final_params": None,
-                "held_state": [], "trains_ddp_model": None, "params_with_grad": 0, "overlap_with_ddp": False,
-                "consolidations": seen.consolidations, "state_dict_refused": seen.state_dict_refused,
-                "saved_optimizer_states": seen.saved}
-    params = observers.optimizer_parameters(opt)
-    local = optimizer_state(opt)
-    return {"event": "shard_final", "optimizer": type(opt).__name__,
-            # None: a ZeRO with overlap_with_ddp=True builds its local optimizer only in DDP's hook
-            "local_optimizer": (None if local is opt and isinstance(opt, ZeroRedundancyOptimizer)
-                                else type(local).__name__),
-            "lr": opt.param_groups[0]["lr"] if opt.param_groups else None,
+    params = observers.optimizer_parameters(opt) if opt is not None else []
+    local = optimizer_state(opt) if opt is not None else None
+    # None: a ZeRO with overlap_with_ddp=True builds its local optimizer only in DDP's hook
+    unbuilt = local is None or (local is opt and isinstance(opt, ZeroRedundancyOptimizer))
+    return {"event": "shard_final", "optimizer": type(opt).__name__ if opt is not None else None,
+            "local_optimizer": None if unbuilt else type(local).__name__,
+            "lr": opt.param_groups[0]["lr"] if opt is not None and opt.param_groups else None,
             "state_bytes": nbytes(state_tensors(opt)) if hasattr(local, "state") else 0,
             "optimizer_steps": seen.steps, "param_tensors": len(params),
-            "full_state_bytes": full_state_bytes(params),
+            "full_state_bytes": full_state_bytes(params) if params else 0,
             "final_params": reference.flat_parameters(params) if params else None,
             "held_state": held_state(opt) if hasattr(local, "state") else [],
-            "trains_ddp_model": bool(params) and all(id(p) in seen.ddp_params for p in params),
+            "trains_ddp_model": None if opt is None else (
+                bool(params) and all(id(p) in seen.ddp_params for p in params)),
             "params_with_grad": seen.params_with_grad,
             "overlap_with_ddp": bool(getattr(opt, "_overlap_with_ddp", False)),
             "consolidations": seen.consolidations, "state_dict_refused": seen.state_dict_refused,

@@ -10,13 +10,13 @@ parameter's step and moments), the ZeroRedundancyOptimizer calls
 original DDP script reaches (replayed in one process). A criterion whose
 measurement a run that stopped early never made says "not measured", never a
 ✗ with a reason (``judge.common.absent``). The skeleton and solution import
-this module for ``LR`` and ``checkpoint_path``. No torch in here.
+this module (as ``ddp_tutorial.exercises.shard``) for ``LR`` and ``checkpoint_path``.
+No torch in here.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Dict, List, Optional
 
 from ddp_tutorial.exercises.judge.common import (
@@ -26,7 +26,6 @@ from ddp_tutorial import envvars
 
 #: The learning rate of the DDP script's Adam.
 LR = 0.01
-HARNESS = Path(__file__).resolve().parent / "workers" / "shard_harness.py"
 #: Final parameters closer than this to the DDP script's count as equal. The harness replays DDP's
 #: arithmetic (each rank's gradient, divided by W, summed), so a correct ZeRO-1 run lands within
 #: float rounding of it (0.0 measured on 2 ranks).
@@ -48,13 +47,6 @@ OVERLAP_NEVER_STEPS = (
 #: What consolidate_state_dict does, in the words every message uses (torch 2.13's implementation).
 CONSOLIDATE_IS_COLLECTIVE = ("it is a collective: every shard but the target's own is broadcast from the rank "
                              "that holds it, and every rank takes part in each of those broadcasts")
-
-HINT = ("optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=shard.LR): "
-        "it builds an Adam of its own for this rank's share of the parameters and passes lr= on to it. "
-        "Before saving: optimizer.consolidate_state_dict(to=0) on every rank (it is a collective: each rank other "
-        "than 0 broadcasts its shard, and every rank takes part in each broadcast), then optimizer.state_dict() "
-        "on rank 0 only.")
-
 
 def checkpoint_path() -> str:
     """Where the script saves its checkpoint: in the check's run folder, else the current folder."""
