@@ -25,7 +25,6 @@ from typing import Any, Dict, List, Optional
 from ddp_tutorial import envvars
 
 
-#: How a launch tells its ranks where their run folder is (the one way it reaches them).
 #: The file ``launch`` claims its run folder with (``O_EXCL``): one launch per folder.
 CLAIM_FILE = ".launch.json"
 #: Where each rank leaves notes for ``launch``: when it failed, and its stacks when stopped
@@ -97,16 +96,23 @@ def _ends_mid_line(path: str) -> bool:
         return f.read(1) != b"\n"
 
 
+def _rank_notes(run_dir, name: str, read) -> Dict[int, Any]:
+    """rank -> ``read(path)`` of each note ``<run_dir>/.ranks/<name>`` (a glob ending in
+    ``rank*.x``); a torn or unreadable note is as if the rank left none."""
+    notes = {}
+    for path in Path(run_dir, RANK_NOTES).glob(name):
+        try:
+            notes[int(path.stem.rsplit("rank", 1)[1])] = read(path)
+        except (OSError, ValueError):
+            continue
+    return notes
+
+
 def failure_notes(run_dir, attempt: int) -> Dict[int, Dict[str, Any]]:
     """rank -> ``{"failed_at": <time.monotonic()>, "exit_code": ...}`` of each rank of ``attempt``
     whose script raised or exited non-zero (a rank killed by a signal leaves none)."""
-    notes = {}
-    for path in Path(run_dir, RANK_NOTES).glob(f"failure-attempt{attempt}-rank*.json"):
-        try:
-            notes[int(path.stem.rsplit("rank", 1)[1])] = json.loads(path.read_text())
-        except (OSError, ValueError):  # torn or unreadable: as if the rank left none
-            continue
-    return notes
+    name = f"failure-attempt{attempt}-rank*.json"
+    return _rank_notes(run_dir, name, lambda p: json.loads(p.read_text()))
 
 
 def stacks_file(run_dir, attempt: int, rank: int) -> Path:
@@ -116,15 +122,9 @@ def stacks_file(run_dir, attempt: int, rank: int) -> Path:
 
 def stack_notes(run_dir, attempt: int) -> Dict[int, str]:
     """rank -> every thread's Python stack (faulthandler's words) that the rank wrote when asked or stopped."""
-    stacks = {}
-    for path in Path(run_dir, RANK_NOTES).glob(f"stacks-attempt{attempt}-rank*.txt"):
-        try:
-            text = path.read_text(errors="replace")
-        except OSError:
-            continue
-        if text.strip():
-            stacks[int(path.stem.rsplit("rank", 1)[1])] = text
-    return stacks
+    name = f"stacks-attempt{attempt}-rank*.txt"
+    notes = _rank_notes(run_dir, name, lambda p: p.read_text(errors="replace"))
+    return {rank: text for rank, text in notes.items() if text.strip()}
 
 
 def drop_rank_notes_if_empty(run_dir) -> None:
@@ -340,9 +340,7 @@ def note_start(path: Path, attempt: int, mode: str, cold_reason: Optional[str], 
     """
     claim_path = Path(path) / CLAIM_FILE
     info = json.loads(claim_path.read_text())
-    info["start_mode"] = mode
-    info["cold_reason"] = cold_reason
-    info.setdefault("start_modes", {})[str(attempt)] = mode
+    info.update(start_mode=mode, cold_reason=cold_reason)
     info.setdefault("pids", {})[str(attempt)] = list(pids)
     tmp = claim_path.with_name(f"{CLAIM_FILE}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(info))

@@ -16,7 +16,7 @@ import pytest
 from conftest import processes_of_run
 from test_hardening import child_processes
 from ddp_tutorial import LaunchTimeout, WorkerError, launch, runfolder, stacks
-from ddp_tutorial.launcher.supervise import STACKS_WAIT_S
+from ddp_tutorial.launcher import STACKS_WAIT_S
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -171,7 +171,7 @@ def test_a_rank_blocked_on_an_async_handle_is_said_to_wait_on_it(tmp_path, line,
 
 
 def test_a_failure_that_says_a_peer_went_away_comes_after_the_failure_that_caused_it():
-    from ddp_tutorial.launcher.supervise import failure_order
+    from ddp_tutorial.launcher import failure_order
 
     notes = {0: {"failed_at": 10.002, "peer_gone": False},   # timed out, noted late (still unwinding)
              1: {"failed_at": 10.001, "peer_gone": True}}    # "Connection closed by peer", noted first

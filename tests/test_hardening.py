@@ -8,6 +8,7 @@ fraction of a second); the few that train say why they must.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 from collections import Counter
 import math
@@ -20,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -51,7 +53,30 @@ def child_processes() -> list:
     helpers = warm.helper_pids()
     parents = {os.getpid()} | helpers
     return [pid for pid in procinfo.pids()
-            if pid not in helpers and procinfo.parent(pid) in parents and procinfo.alive(pid)]
+            if pid not in helpers and parent(pid) in parents and procinfo.alive(pid)]
+
+
+def parent(pid: int):
+    """The parent of ``pid``, None once it is reaped."""
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
+
+
+def listening_sockets(of) -> list:
+    """(address, port, pid) of every listening TCP socket the processes ``of`` hold."""
+    found = []
+    for pid in of:
+        try:
+            connections = psutil.Process(pid).net_connections(kind="tcp")
+        except psutil.Error:  # exited meanwhile
+            continue
+        for conn in connections:
+            if conn.status == psutil.CONN_LISTEN and conn.laddr:
+                address = ipaddress.ip_address(conn.laddr.ip.split("%")[0])
+                found.append((getattr(address, "ipv4_mapped", None) or address, conn.laddr.port, pid))
+    return found
 
 
 # -- 1. Nothing listens beyond loopback --------------------------------------------
@@ -76,7 +101,7 @@ def test_while_a_launch_runs_nothing_listens_beyond_loopback(tmp_path, master_po
             Run(run_dir).results(r) for r in (0, 1))), 90, "both ranks to join")
         assert "error" not in result, result.get("error")
         pids = processes_of_run(run_dir) + [os.getpid()]
-        sockets = procinfo.listening_sockets(pids)
+        sockets = listening_sockets(pids)
     finally:
         release.touch()
         thread.join(timeout=90)
@@ -430,7 +455,7 @@ def test_concurrent_saves_use_their_own_temporary_files(tmp_path, monkeypatch):
 
 # -- 4. No resource leaked ----------------------------------------------------------
 def open_fds() -> int:
-    return procinfo.fd_count(os.getpid())
+    return psutil.Process().num_fds()
 
 
 def os_threads() -> int:
@@ -465,7 +490,7 @@ def test_signals_go_only_to_ranks_of_this_launch(monkeypatch, warm_start):
     real_killpg = os.killpg
 
     def checked_killpg(pgid, sig):
-        sent.append((pgid, sig, procinfo.parent(pgid)))  # None if reaped already
+        sent.append((pgid, sig, parent(pgid)))  # None if reaped already
         real_killpg(pgid, sig)
 
     monkeypatch.setattr(launcher.procgroup.os, "killpg", checked_killpg)
@@ -482,10 +507,10 @@ def test_signals_go_only_to_ranks_of_this_launch(monkeypatch, warm_start):
             assert ppid == os.getpid()  # ...and not yet reaped: the pid is still the rank's
     if warm_start:
         servers = warm.helper_pids()
-        assert servers and all(procinfo.parent(s) == os.getpid() for s in servers)  # the forkserver is our child
+        assert servers and all(parent(s) == os.getpid() for s in servers)  # the forkserver is our child
         return
     count = len(sent)
-    group = launcher.workergroup.WorkerGroup([sys.executable, "-c", "pass"], [dict(os.environ)], "none", None,
+    group = launcher.start.WorkerGroup([sys.executable, "-c", "pass"], [dict(os.environ)], "none", None,
                                              launcher_watch())
     assert group.wait(time.monotonic() + 30)
     group.stop()  # every rank reaped: nothing left to signal
@@ -495,7 +520,7 @@ def test_signals_go_only_to_ranks_of_this_launch(monkeypatch, warm_start):
 
 def test_waits_end_at_their_deadlines_even_for_a_rank_that_never_dies(monkeypatch):
     """A rank the kernel cannot reap (stuck in uninterruptible I/O), played by hiding its exit."""
-    group = launcher.workergroup.WorkerGroup([sys.executable, "-c", "import time; time.sleep(60)"],
+    group = launcher.start.WorkerGroup([sys.executable, "-c", "import time; time.sleep(60)"],
                                              [dict(os.environ)], "none", None, launcher_watch())
     try:
         monkeypatch.setattr(launcher.procgroup, "has_exited", lambda p: False)
@@ -518,7 +543,7 @@ def test_output_held_open_by_an_escaped_grandchild_is_not_waited_for_forever(run
     child = int(run.output[0][0].split()[1])
     try:
         assert run.exit_codes == {0: 0}
-        assert elapsed < launcher.workergroup.DRAIN_S + 10  # the drain gave up after DRAIN_S
+        assert elapsed < launcher.start.DRAIN_S + 10  # the drain gave up after DRAIN_S
     finally:
         os.kill(child, signal.SIGKILL)
     assert open_fds() == fds  # the pipe's read end is closed all the same

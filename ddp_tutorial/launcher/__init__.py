@@ -10,42 +10,42 @@ and then set up as that new process would be (``warm``). torch itself is never c
 
 The fault contract: the first rank that fails stops the whole group
 (``WorkerError`` with its traceback); a deadline turns a hang into
-``LaunchTimeout``; an interrupt stops every worker; no worker outlives a launch.
-Every input is checked before anything starts (``LaunchConfigError``).
+``LaunchTimeout`` with each rank's stack; an interrupt stops every worker; no worker
+outlives a launch; with ``max_restarts`` a failed attempt is followed by a new one, as
+under torchrun. Every input is checked before anything starts (``LaunchConfigError``).
 
-Split as torchrun splits its agent (a spec, a worker group, the loop that watches
-it); read the modules in this order (docs/how-it-is-built.md follows one launch through them):
-
-- ``spec``: ``LaunchSpec``, every argument checked once; the run folder claimed.
-- ``supervise``: the loop: attempts, fail-fast, deadlines, restarts, interrupts; the ``Run``.
-- ``start``: one attempt: each rank's environment, the store's socket (``net``), the launcher's watch.
-- ``warm``: the optional warm start (``multiprocessing``'s forkserver).
-- ``workergroup``: one attempt's ranks, their output and exits, on one poll.
-- ``procgroup``: a rank's process group: start, signal, sweep; ``guard.py`` for a session.
-- ``procinfo``: what a process is (psutil: every question the kit asks about one).
-- ``errors``: what ``launch`` raises.
-
+Read the modules in this order (docs/how-it-is-built.md follows one launch through them):
+``spec`` (every argument checked once; the run folder claimed), this loop, ``start`` (one
+attempt: each rank's environment, its output and exit), ``warm`` (the optional warm start),
+``procgroup`` (a rank's process group: start, signal, sweep; ``guard.py`` for a session),
+``net`` (loopback only), ``procinfo`` (psutil), ``errors``.
 This package imports no torch, so a launch costs the kernel nothing up front.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
+from ddp_tutorial import runfolder, stacks
+from ddp_tutorial.launcher import start
 from ddp_tutorial.launcher.errors import (LaunchConfigError, LaunchError, LaunchTimeout, WorkerError,
-                                          describe_exit, port_taken)
+                                          describe_exit, last_traceback, port_taken)
 from ddp_tutorial.launcher.net import LOOPBACK, free_port, loopback_interface
 from ddp_tutorial.launcher.spec import (BOOTSTRAP, MAX_WORLD_SIZE, LaunchSpec, check_args_with, scripts_path,
                                        worker_script)
-from ddp_tutorial.launcher.start import prestart_warm, warm_ready
-from ddp_tutorial.launcher.supervise import run_attempts
+from ddp_tutorial.launcher.warm import prestart_warm, use_warm, warm_ready
 from ddp_tutorial.runfolder import Run
 
 __all__ = ["launch", "Run", "LaunchSpec", "LaunchError", "LaunchConfigError", "WorkerError", "LaunchTimeout",
            "describe_exit", "port_taken", "free_port", "loopback_interface", "LOOPBACK",
            "BOOTSTRAP", "MAX_WORLD_SIZE", "check_args_with", "scripts_path", "worker_script",
            "prestart_warm", "warm_ready"]
+
+#: The most a deadline waits for the ranks' stacks (they come in milliseconds; a rank that cannot
+#: answer, e.g. one stopped with SIGSTOP, only delays the SIGTERM that follows).
+STACKS_WAIT_S = 2.0
 
 
 def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float = 120.0,
@@ -87,4 +87,115 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
     spec = LaunchSpec.build(script, world_size, args, timeout=timeout, backend=backend, run_dir=run_dir,
                             env=env, echo=echo, max_restarts=max_restarts, master_port=master_port,
                             grace=grace, warm=warm)
-    return run_attempts(spec, t0)
+    cold_reason = use_warm(spec.warm, spec.backend, spec.env)
+    number = 0
+    while True:
+        attempt = start.start_attempt(spec, number, cold_reason)
+        try:
+            return supervise(spec, attempt, t0)
+        except WorkerError as exc:
+            if number >= spec.max_restarts:
+                raise
+            number += 1
+            print(f"[launch] rank {exc.rank} failed ({describe_exit(exc.exit_code)}); "
+                  f"restarting all ranks, attempt {number} of {spec.max_restarts}", flush=True)
+
+
+def supervise(spec: LaunchSpec, attempt: start.Attempt, t0: float) -> Run:
+    """Wait for the attempt's ranks, printing their output; stop them all on failure, deadline
+    or interrupt."""
+    group = attempt.group
+
+    def failed():
+        return next((r for r, c in group.exit_codes.items() if c not in (None, 0)), None)
+
+    try:
+        group.wait(t0 + spec.timeout, until=lambda: failed() is not None)
+    except BaseException:  # KeyboardInterrupt from the notebook's stop button, and the like
+        group.stop(spec.grace)
+        group.close(drain_s=0.0)
+        raise
+    first = failed()
+    if first is None and group.done():
+        group.close()
+        runfolder.drop_rank_notes_if_empty(spec.run_dir)
+        return _run(spec, attempt, t0)
+    # Failure or deadline: stop everyone, read what is left, then explain.
+    failed_on_their_own = {r for r, c in group.exit_codes.items() if c not in (None, 0)}
+    # Still running: not rank 0 once its script is done and it only keeps the store for the others.
+    still = [r for r, c in group.exit_codes.items() if c is None and r not in group.scripts_done]
+    if first is None:  # the deadline: where was each rank? Asked before any rank is stopped.
+        group.ask_for_stacks(lambda r: runfolder.stacks_file(spec.run_dir, attempt.number, r).exists(),
+                             lambda r: _wrote_stack(spec.run_dir, attempt.number, r), STACKS_WAIT_S)
+    group.stop(spec.grace)  # SIGTERM: a rank finishes reporting its failure (and writes its stacks if not asked)
+    group.close()
+    run = _run(spec, attempt, t0)
+    if first is not None:
+        notes = runfolder.failure_notes(spec.run_dir, attempt.number)
+        raise _worker_error(run, failure_order(group.exit_seen, failed_on_their_own, notes), still)
+    raise _timeout(spec, attempt.number, run, still)
+
+
+def _run(spec: LaunchSpec, attempt: start.Attempt, t0: float) -> Run:
+    """The ``Run`` of the launch, with what ``launch`` knows of it besides the run folder."""
+    run = Run(spec.run_dir, spec.world_size)
+    group = attempt.group
+    run.output, run.exit_codes, run.pids = group.output, dict(group.exit_codes), group.pids
+    run.master_port = attempt.port
+    run.start_mode, run.cold_reason = attempt.start_mode, attempt.cold_reason
+    run.wall_seconds = time.monotonic() - t0
+    return run
+
+
+def _wrote_stack(run_dir, attempt: int, rank: int) -> bool:
+    try:
+        return stacks.wrote_script_stack(runfolder.stacks_file(run_dir, attempt, rank).read_text(errors="replace"))
+    except OSError:
+        return False
+
+
+def failure_order(exit_seen: Dict[int, float], exited_failing, notes: Dict[int, dict]) -> List[int]:
+    """The ranks that failed, earliest first: by the moment each noted its failure
+    (``time.monotonic()``, one clock for the machine), else by when its exit was seen.
+
+    A failure whose error says a peer's connection closed (``peer_gone``) is a consequence
+    of another rank's failure, and comes after every other: the rank that failed first may
+    still be unwinding its script when its peer notes the closed connection.
+    """
+    def when(rank: int) -> Tuple[bool, float, int]:
+        note = notes.get(rank, {})
+        noted = note.get("failed_at")
+        if isinstance(noted, (int, float)):
+            return bool(note.get("peer_gone")), float(noted), rank
+        return False, exit_seen.get(rank, math.inf), rank
+
+    return sorted(set(exited_failing) | set(notes), key=when)
+
+
+def _worker_error(run: Run, order: List[int], still: List[int]) -> WorkerError:
+    first, after = order[0], order[1:]
+    code = run.exit_codes[first]
+    tb = last_traceback(run.output[first])
+    stopped = ", ".join(str(r) for r in still if r not in after) or "none"
+    later = "".join(f"; rank {r} failed after it ({describe_exit(run.exit_codes[r])})" for r in after)
+    return WorkerError(
+        f"rank {first} failed first, with {describe_exit(code)}{later}; stopped the other ranks "
+        f"still running ({stopped}). Results so far: {run.run_dir}\n--- rank {first} output ---\n{tb}",
+        first, code, tb, run, after)
+
+
+def _timeout(spec: LaunchSpec, attempt: int, run: Run, still: List[int]) -> LaunchTimeout:
+    detail = ", ".join(
+        f"rank {r} at step {run.last_step(r)}" if run.last_step(r) is not None
+        else f"rank {r} before its first step" for r in still)
+    rank_stacks = stacks.rank_stacks(spec.run_dir, attempt, still)
+    waits = stacks.rank_waits(spec.run_dir, attempt, still)
+    if spec.echo != "none":
+        print(f"[launch] deadline passed; where each rank was:\n{stacks.format_stacks(rank_stacks, waits)}",
+              flush=True)
+    return LaunchTimeout(
+        f"timed out after {spec.timeout:g} s with ranks still running: {detail} (last finished "
+        f"micro-step). A rank waiting for a peer that never comes looks like this: a wrong "
+        f"world size, a skipped collective, or uneven inputs. All ranks were stopped; "
+        f"each one's Python stack is in .stacks. Results so far: {spec.run_dir}",
+        {r: run.last_step(r) for r in still}, run, rank_stacks, waits)

@@ -32,9 +32,8 @@ class LaunchConfigError(LaunchError, ValueError):
 class WorkerError(LaunchError):
     """A rank raised or exited non-zero; every other rank was stopped.
 
-    "First" is by when each rank failed, not by when its exit was seen: a rank notes
-    the moment its script's exception reaches it (``rank/bootstrap.py``), and a
-    rank killed by a signal counts from when its exit was seen.
+    "First" is by when each rank failed (``rank/bootstrap.py`` notes it), or, for a rank
+    killed by a signal, by when its exit was seen.
 
     Attributes:
         rank: the first rank that failed.

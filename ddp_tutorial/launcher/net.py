@@ -19,44 +19,23 @@ LOOPBACK = "127.0.0.1"
 def free_port(host: str = LOOPBACK) -> int:
     """A port that is free right now, chosen at random outside the OS's ephemeral range.
 
-    For a server you start yourself (e.g. a torchrun rendezvous endpoint).
-    Ports the OS hands out for outgoing connections (gloo opens many) come from
-    the ephemeral range; a listening port picked from there could be taken by
-    one of them first. ``launch`` needs none of this: it binds its store's
-    socket itself (``listen_socket``) and hands it to rank 0.
+    For a server you start yourself (e.g. a torchrun rendezvous endpoint): ports the OS hands
+    out for outgoing connections (gloo opens many) come from the ephemeral range, and one of
+    them could take a port picked from there first. ``launch`` needs none of this: it binds
+    its store's socket itself (``listen_socket``) and hands it to rank 0.
     """
-    for port in candidate_ports():
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # crowded: let the OS pick
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    with listen_socket(host) as sock:
+        return sock.getsockname()[1]
 
 
 def candidate_ports(tries: int = 100):
-    """Up to ``tries`` random ports outside the ephemeral range (none if there is no room)."""
+    """Up to ``tries`` random ports outside the ephemeral range: below it from 20000 up (clear of
+    well-known services) if that leaves 1000 ports, else above it, else from 1024 up, else none."""
+    low, high = ephemeral_range()
+    room = [(a, b) for a, b in ((20000, low), (high + 1, 65536), (1024, low)) if b - a >= 1000]
     rng = random.SystemRandom()  # concurrent launches must not share a sequence
-    ranges = listener_ranges(*ephemeral_range())
-    sizes = [high - low for low, high in ranges]
-    for _ in range(tries if ranges else 0):
-        low, high = rng.choices(ranges, weights=sizes)[0]
-        yield rng.randrange(low, high)
-
-
-def listener_ranges(low: int, high: int, floor: int = 20000, min_size: int = 1000):
-    """Port ranges ``[a, b)`` outside the ephemeral range ``[low, high]`` with room to pick from.
-
-    Below the range from ``floor`` up (clear of well-known services) if that leaves
-    ``min_size`` ports, else above it, else from 1024 up; empty if none is big enough.
-    """
-    for a, b in ((floor, low), (high + 1, 65536), (1024, low)):
-        if b - a >= min_size:
-            return [(a, b)]
-    return []
+    for _ in range(tries if room else 0):
+        yield rng.randrange(*room[0])
 
 
 #: IANA's ephemeral range, macOS's default (sysctl net.inet.ip.portrange.first/last), and Windows'.
@@ -77,8 +56,8 @@ def ephemeral_range():
         return IANA_EPHEMERAL
 
 
-def listen_socket() -> socket.socket:
-    """A TCP socket listening on 127.0.0.1 at a free port: the store's, for rank 0.
+def listen_socket(host: str = LOOPBACK) -> socket.socket:
+    """A TCP socket listening on ``host`` (127.0.0.1) at a free port: the store's, for rank 0.
 
     Bound before any rank starts, so no other program can take the port in
     between, and ranks that connect before rank 0 hosts the store wait in the
@@ -91,7 +70,7 @@ def listen_socket() -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((LOOPBACK, port))
+            sock.bind((host, port))
             sock.listen(socket.SOMAXCONN)
             return sock
         except OSError:

@@ -15,7 +15,6 @@ rank's group, and nothing here reaches it. What a process is, it asks ``procinfo
 from __future__ import annotations
 
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -39,16 +38,13 @@ GUARD = str(Path(__file__).resolve().parent / "guard.py")
 
 def start(rank: int, cmd: List[str], env: Dict[str, str], store: Optional[socket.socket],
           watch: socket.socket, warm_start: bool, peers: Optional[socket.socket] = None):
-    """Start one rank as the leader of a new process group.
+    """Start one rank as the leader of a new process group: a ``subprocess.Popen``, or a
+    ``warm.WarmRank`` (``warm_start``); its ``stdout`` is the output pipe.
 
     Args:
-        cmd: ``[python, -u, BOOTSTRAP, SCRIPT, ARGS...]``. store: the store's listening socket,
-            for rank 0 only. watch: the ranks' end of the launcher's watch socket.
-            peers: rank 0's end of the socket that reads end-of-file once the other ranks exited.
-        warm_start: fork it from the forkserver (``warm.WarmRank``), else a new process.
-
-    Returns:
-        A ``subprocess.Popen`` or a ``warm.WarmRank``; its ``stdout`` is the output pipe.
+        cmd: ``[python, -u, BOOTSTRAP, SCRIPT, ARGS...]``. store: the store's listening socket
+            (rank 0). watch: the ranks' end of the launcher's watch socket. peers: rank 0's end
+            of the socket that reads end-of-file once the other ranks exited.
     """
     store = store if rank == 0 else None
     try:
@@ -81,18 +77,20 @@ def start_session(cmd: List[str], env, cwd, output) -> subprocess.Popen:
                             start_new_session=True, pass_fds=(watch.fileno(),))
 
 
+def _until(done, timeout: float) -> bool:
+    """Look every 10 ms until ``done()`` (True) or ``timeout`` s (False): no event announces
+    an exit without reaping it, or a group that emptied, on every OS."""
+    end = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def wait_for_exit(p: subprocess.Popen, timeout: float) -> bool:
     """Wait up to ``timeout`` seconds until ``p`` exits, without reaping it (its group id stays ours)."""
-    if p.returncode is not None:
-        return True
-    if not hasattr(os, "pidfd_open"):  # e.g. macOS: this reaps, so no group sweep follows
-        try:
-            p.wait(timeout=timeout)
-            return True
-        except subprocess.TimeoutExpired:
-            return False
-    _wait_for_fds(_pidfds([p.pid]), timeout)
-    return has_exited(p)
+    return _until(lambda: has_exited(p), timeout)
 
 
 def end(p: subprocess.Popen) -> None:
@@ -112,62 +110,10 @@ def stop_session(p: subprocess.Popen, strays: Iterable[int] = (), grace: float =
     killpg(p, signal.SIGTERM)
     wait_for_exit(p, grace)
     end(p)  # SIGKILL to the group, leader included if it still runs
-    kill_groups_and_wait([pid for pid in strays if procinfo.alive(pid)])
-
-
-def kill_groups_and_wait(pids: List[int], timeout: float = KILL_WAIT_S) -> None:
-    """SIGKILL the process group each of ``pids`` leads, and wait (up to ``timeout``) until those processes are gone.
-
-    For processes that are not our children (no reaping, no group id held): a pidfd is
-    opened before the signal, so a pid reused meanwhile is not hit.
-    """
-    fds = _pidfds(pids)  # before the signals
-    for pid in pids:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    _wait_for_fds(fds, timeout)
-
-
-def _pidfds(pids: List[int]) -> List[int]:
-    """A pidfd for each of ``pids`` still there (none where the OS has no pidfds)."""
-    fds = []
-    for pid in pids:
-        try:
-            fds.append(os.pidfd_open(pid))
-        except (AttributeError, OSError):  # gone already, or no pidfd here
-            pass
-    return fds
-
-
-def _wait_for_fds(fds: List[int], timeout: float) -> None:
-    """Wait until each pidfd is readable (its process exited: no polling loop), or ``timeout``;
-    close them all."""
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN)
-    pending, deadline = set(fds), time.monotonic() + timeout
-    while pending and time.monotonic() < deadline:
-        for fd, _ in poller.poll(max(1, int((deadline - time.monotonic()) * 1000))):
-            pending.discard(fd)
-            poller.unregister(fd)
-    for fd in fds:
-        os.close(fd)
-
-
-def wait_for_members(pgid: int, deadline: float) -> bool:
-    """After a SIGKILL of group ``pgid``: wait until no member runs (True), or ``deadline`` (False).
-
-    A SIGKILL takes effect when the process next runs, which on a busy machine
-    can be a while; returning before then would leave it visible after the launch.
-    Called while the leader is an unreaped zombie, so the group id is still ours.
-    """
-    while procinfo.group_members(pgid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.005)  # no event announces that a group emptied, so look again shortly
-    return True
+    strays = [pid for pid in strays if procinfo.alive(pid)]
+    for pid in strays:
+        _killpg(pid, signal.SIGKILL)
+    _until(lambda: not any(procinfo.alive(pid) for pid in strays), KILL_WAIT_S)
 
 
 def has_exited(p) -> bool:
@@ -182,19 +128,20 @@ def has_exited(p) -> bool:
         return p.poll() is not None
 
 
-def killpg(p, sig: int) -> None:
-    """Signal the process group of rank ``p``, only while ``p`` is not reaped (its pid is ours)."""
-    if p.returncode is not None:
-        return
+def _killpg(pgid: int, sig: int) -> None:
     try:
-        os.killpg(p.pid, sig)  # the group: the rank and anything it started
+        os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 
 
-def signal_rank(p, sig: int) -> None:
-    """Signal rank ``p`` itself (not its group), only while ``p`` is not reaped (its pid is ours)."""
+def killpg(p, sig: int, group: bool = True) -> None:
+    """Signal the process group of rank ``p`` (or ``p`` alone, not ``group``), only while ``p``
+    is not reaped (its pid is ours)."""
     if p.returncode is not None:
+        return
+    if group:
+        _killpg(p.pid, sig)
         return
     try:
         os.kill(p.pid, sig)
@@ -203,17 +150,13 @@ def signal_rank(p, sig: int) -> None:
 
 
 def sweep(p) -> None:
-    """Kill what an exited rank ``p`` left in its group (e.g. a DataLoader worker).
+    """Kill what an exited rank ``p`` left in its group (e.g. a DataLoader worker), and wait
+    (up to ``KILL_WAIT_S``) until it is gone: a SIGKILL takes effect when the process next runs.
 
     Unreaped (Linux, cold), its pid is still its group's id. Reaped already (where Python has no
     ``os.waitid``, as on macOS, or a warm rank, which the forkserver reaps), the group is signalled
     only while psutil still finds members in it: a group id stays taken while it has members.
     """
-    if p.returncode is None and not isinstance(p, warm.WarmRank):
-        killpg(p, signal.SIGKILL)
-    elif procinfo.group_members(p.pid):
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    wait_for_members(p.pid, time.monotonic() + KILL_WAIT_S)
+    if (p.returncode is None and not isinstance(p, warm.WarmRank)) or procinfo.group_members(p.pid):
+        _killpg(p.pid, signal.SIGKILL)
+    _until(lambda: not procinfo.group_members(p.pid), KILL_WAIT_S)

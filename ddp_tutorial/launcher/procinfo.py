@@ -1,4 +1,4 @@
-"""What a process is, asked of psutil: the one place the kit (and its tests) asks.
+"""What a process is, asked of psutil: the one place the kit asks.
 
 psutil answers on Linux, macOS and Windows alike. A process can exit at any moment
 while it is asked about: each question here then answers None (or leaves the process
@@ -8,9 +8,8 @@ moment's truth: a pid can be reused once its process is reaped.
 
 from __future__ import annotations
 
-import ipaddress
 import os
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import psutil
 
@@ -41,10 +40,6 @@ def alive(pid: int) -> bool:
     return state(pid) not in (None, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
-def parent(pid: int) -> Optional[int]:
-    return _ask(pid, lambda p: p.ppid())
-
-
 def group(pid: int) -> Optional[int]:
     """The process group of ``pid`` (POSIX)."""
     try:
@@ -58,16 +53,11 @@ def cmdline(pid: int) -> Optional[List[str]]:
     return _ask(pid, lambda p: p.cmdline()) or None
 
 
-def environ(pid: int) -> Optional[Dict[str, str]]:
-    """The environment ``pid`` started with; None if unreadable (another user's, on macOS)."""
-    return _ask(pid, lambda p: p.environ())
-
-
 def pids_with_env(name: str, value: str, prefix: bool = False) -> List[int]:
     """Live processes, this one aside, whose variable ``name`` is ``value`` (or starts with it)."""
     found = []
     for pid in pids():
-        env = environ(pid) if pid != os.getpid() else None
+        env = _ask(pid, lambda p: p.environ()) if pid != os.getpid() else None
         got = (env or {}).get(name)
         if got is not None and (got.startswith(value) if prefix else got == value) and alive(pid):
             found.append(pid)
@@ -84,11 +74,6 @@ def threads(pid: int) -> Optional[int]:
     return _ask(pid, lambda p: p.num_threads())
 
 
-def fd_count(pid: int) -> Optional[int]:
-    """How many file descriptors ``pid`` has open."""
-    return _ask(pid, lambda p: p.num_fds())
-
-
 def memory_kb(pid: int) -> Optional[Dict[str, Optional[int]]]:
     """``{"rss": kB, "pss": kB or None}``: resident memory of ``pid`` and its proportional share
     (None where the OS does not say, e.g. macOS); None if it is gone."""
@@ -101,17 +86,6 @@ def memory_kb(pid: int) -> Optional[Dict[str, Optional[int]]]:
         return {"rss": p.memory_info().rss // 1024, "pss": None if pss is None else pss // 1024}
 
     return _ask(pid, read)
-
-
-def listening_sockets(of: Iterable[int]) -> List[Tuple[ipaddress._BaseAddress, int, int]]:
-    """(address, port, pid) of every listening TCP socket the processes ``of`` hold."""
-    found = []
-    for pid in of:
-        for conn in _ask(pid, lambda p: p.net_connections(kind="tcp")) or ():
-            if conn.status == psutil.CONN_LISTEN and conn.laddr:
-                address = ipaddress.ip_address(conn.laddr.ip.split("%")[0])
-                found.append((getattr(address, "ipv4_mapped", None) or address, conn.laddr.port, pid))
-    return found
 
 
 def group_members(pgid: int) -> List[int]:

@@ -33,18 +33,8 @@ ECHOES = ("all", "rank0", "none")
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """One launch, checked: what to run, on how many ranks, where the results go, and how to guard it.
-
-    Attributes:
-        target: the script, ``(path,)`` or ``("-m", module)``; ``args``: its arguments.
-        world_size: ranks to start; ``run_dir``: the claimed run folder.
-        backend: "auto", "gloo" or "nccl" (train.py's own ``--backend`` wins).
-        env: extra variables for the ranks, over ours.
-        timeout, grace: seconds for the whole launch; between SIGTERM and SIGKILL.
-        echo: "all", "rank0" or "none"; max_restarts: as torchrun's ``--max-restarts``.
-        master_port: a fixed store port, or None (``launch`` binds one itself).
-        warm: True, False or None (warm unless ``DDP_TUTORIAL_WARM=0``).
-    """
+    """One launch, checked: ``launch()``'s arguments as its docstring says, with ``target``, the
+    script as ``(path,)`` or ``("-m", module)``, and ``run_dir``, the claimed run folder."""
 
     target: Tuple[str, ...]
     world_size: int
@@ -72,16 +62,15 @@ class LaunchSpec:
         Raises:
             LaunchConfigError: the first bad input; nothing was started and no folder made.
         """
-        world_size = _integer("world_size", world_size, 1, MAX_WORLD_SIZE)
-        timeout = _seconds("timeout", timeout, positive=True)
-        grace = _seconds("grace", grace, positive=False)
+        world_size = _number("world_size", world_size, 1, MAX_WORLD_SIZE, integer=True)
+        timeout = _number("timeout", timeout, 0, above=True)
+        grace = _number("grace", grace, 0)
         backend = _choice("backend", backend, BACKENDS)
         echo = _choice("echo", echo, ECHOES)
-        max_restarts = _integer("max_restarts", max_restarts, 0)
-        if warm is not None and not isinstance(warm, bool):
-            raise _refuse("warm", "True, False or None", warm)
+        max_restarts = _number("max_restarts", max_restarts, 0, integer=True)
+        warm = _choice("warm", warm, (True, False, None))
         if master_port is not None:
-            master_port = _integer("master_port", master_port, 1, 65535)
+            master_port = _number("master_port", master_port, 1, 65535, integer=True)
         args = _args_param(args)
         extra_env = _env_param(env)
         target = _resolve_script(script)
@@ -165,29 +154,26 @@ def _refuse(name: str, allowed: str, value) -> LaunchConfigError:
     return LaunchConfigError(f"{name} must be {allowed}, got {value!r}")
 
 
-def _integer(name: str, value, low: int, high: Optional[int] = None) -> int:
-    """``value`` as an int in ``[low, high]``; bools, floats and strings are refused."""
-    allowed = f"an integer >= {low}" + (f" and <= {high}" if high is not None else "")
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+def _number(name: str, value, low, high=None, integer: bool = False, above: bool = False):
+    """``value`` as an int (``integer``) from ``low`` to ``high``, or as a finite number of seconds
+    > ``low`` (``above``) or >= it; bools, strings (and floats for an integer) are refused."""
+    if integer:
+        allowed = f"an integer >= {low}" + (f" and <= {high}" if high is not None else "")
+    else:
+        allowed = f"a finite number of seconds {'>' if above else '>='} {low}"
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kind):
         raise _refuse(name, allowed, value)
-    if value < low or (high is not None and value > high):
-        raise _refuse(name, allowed, value)
-    return int(value)
-
-
-def _seconds(name: str, value, positive: bool) -> float:
-    """``value`` as a finite number of seconds, > 0 (``positive``) or >= 0."""
-    allowed = "a finite number of seconds " + ("> 0" if positive else ">= 0")
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise _refuse(name, allowed, value)
-    value = float(value)
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+    value = int(value) if integer else float(value)
+    high = math.inf if high is None else high
+    if not (math.isfinite(value) and low <= value <= high) or (above and value == low):
         raise _refuse(name, allowed, value)
     return value
 
 
-def _choice(name: str, value, choices: Sequence[str]) -> str:
-    if not isinstance(value, str) or value not in choices:
+def _choice(name: str, value, choices: Sequence):
+    """``value`` if it is one of ``choices`` and of the same type (``1`` is not ``True``)."""
+    if not any(type(value) is type(c) and value == c for c in choices):
         allowed = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
         raise _refuse(name, allowed, value)
     return value

@@ -1,6 +1,6 @@
 """Warm ranks (optional): forked by Python's own forkserver, which has imported torch once.
 
-A cold rank pays for ``import torch`` (about 1.3 CPU-s) at every launch. A warm rank is forked
+A cold rank pays for ``import torch`` at every launch. A warm rank is forked
 from ``multiprocessing``'s forkserver after it imported torch (``set_forkserver_preload``), so a
 launch costs little more than the script's own work. The forked child then makes itself
 what a cold rank is (``bootstrap.py``'s ``run_warm``): a session of its own, its output on
@@ -18,6 +18,7 @@ torch reads at import. ``warm=False`` gives the exact torchrun behaviour.
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -30,15 +31,12 @@ from typing import Dict, List, Optional
 from ddp_tutorial import envvars
 from ddp_tutorial.launcher.spec import BOOTSTRAP
 
-#: What the forkserver imports before it forks any rank. Not ``torch._dynamo`` (about 2 CPU-s,
-#: which DDP's constructor imports): with it imported before ``init_process_group`` (which then
-#: clears dynamo's caches, torch/distributed/distributed_c10d.py), a DDP model freed after
-#: ``destroy_process_group`` deadlocks in about 3 of 10 runs on torch 2.13, where a cold rank does
-#: not. A warm rank must meet what a cold one meets.
+#: What the forkserver imports before it forks any rank. Not ``torch._dynamo`` (which DDP's
+#: constructor imports): with it imported before ``init_process_group`` (which then clears
+#: dynamo's caches, torch/distributed/distributed_c10d.py), a DDP model freed after
+#: ``destroy_process_group`` can deadlock where a cold rank does not (docs/warm-launches.md).
+#: A warm rank must meet what a cold one meets.
 PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "ddp_tutorial.envvars"]
-
-_CONTEXT: List[multiprocessing.context.BaseContext] = []
-
 
 #: Variables torch may read once, when it is imported: a launch that sets one starts cold, since the
 #: forkserver imported torch without it (TORCH_DISTRIBUTED_DEBUG, for one, is read then).
@@ -67,21 +65,12 @@ def use_warm(warm: Optional[bool], backend: str, env: Optional[Dict[str, str]] =
     return None if warm else f"warm launches are turned off (warm=False or {envvars.WARM}=0)"
 
 
+@functools.lru_cache(maxsize=None)
 def context() -> multiprocessing.context.BaseContext:
     """The forkserver context, its preload set (once per process)."""
-    if not _CONTEXT:
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)
-        _CONTEXT.append(ctx)
-    return _CONTEXT[0]
-
-
-def prestart() -> None:
-    """Start the forkserver now: it imports torch while the learner reads the first cells."""
-    context()
-    from multiprocessing import forkserver
-
-    forkserver.ensure_running()
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 
 
 @contextlib.contextmanager
@@ -170,3 +159,21 @@ def helper_pids() -> set:
 
     return {pid for pid in (getattr(forkserver._forkserver, "_forkserver_pid", None),
                             getattr(resource_tracker._resource_tracker, "_pid", None)) if pid}
+
+
+def prestart_warm() -> None:
+    """In a notebook: start the forkserver while the learner reads (if this process's launches are warm)."""
+    if use_warm(None, "gloo") is None:
+        from multiprocessing import forkserver
+
+        context()
+        forkserver.ensure_running()
+
+
+def warm_ready(timeout: float = 60.0) -> bool:
+    """Start the forkserver (if launches are warm) and wait until it has imported torch; True if ready.
+
+    A launch's deadline counts from its call: waiting here first keeps torch's import out of a
+    short deadline (a check, a test). False where launches start cold.
+    """
+    return use_warm(None, "gloo") is None and ready(timeout)

@@ -8,18 +8,12 @@ rank kills its process group, itself and what it started (``die_with_launcher``)
 works on every POSIX system, where Linux's parent-death signal does not.
 
 Rank 0 also hosts the rendezvous store on loopback (``rank/store.py``). Nothing of torch is
-changed: the script meets what it would meet under torchrun.
-
-Under ``launch`` a rank also leaves two notes in ``<run_dir>/.ranks/`` (``RankNotes``):
-when it failed, on a clock every process of the machine shares, so that ``launch``
-names the rank that failed *first* even when a later failure exits sooner; and,
-when a launch deadline passes, each of its threads' Python stacks (``faulthandler``), so
-that the deadline shows where every rank was waiting.
+changed: the script meets what it would meet under torchrun. Under ``launch`` a rank also
+leaves notes in ``<run_dir>/.ranks/`` (``RankNotes``): when it failed, and its stacks.
 """
 
 import atexit
 import faulthandler
-import functools
 import io
 import json
 import os
@@ -35,54 +29,41 @@ from ddp_tutorial.rank.store import keep_store_until_peers_exit, prepare_store
 def die_with_launcher() -> None:
     """Kill this rank's process group the moment the process that started it is gone.
 
-    Under ``launch``: when the launcher's watch socket reads end-of-file. Started by another
-    launcher (torchrun, which starts each rank in a session of its own): when the parent changes.
+    Under ``launch``: when the launcher's watch socket reads end-of-file (the launcher never
+    writes). Started by another launcher (torchrun, which starts each rank in a session of its
+    own): when the parent changes, looked at twice a second (no event announces it on every OS).
     """
     fd = os.environ.pop(envvars.LAUNCHER_FD, None)  # the script's children must not see it
+    parent = os.getppid()
     if fd is not None:
         os.set_inheritable(int(fd), False)  # a program the script runs does not keep the rank's watch
-        watch = functools.partial(_read_until_eof, int(fd))
-    else:
-        watch = functools.partial(_wait_for_new_parent, os.getppid())
-    threading.Thread(target=_kill_group_after, args=(watch,), name="ddp_tutorial-launcher-watch",
-                     daemon=True).start()
 
-
-def _read_until_eof(fd: int) -> None:
-    try:
-        while os.read(fd, 1):  # the launcher never writes: this returns only at end-of-file
+    def watch() -> None:
+        try:
+            while fd is not None and os.read(int(fd), 1):
+                pass
+        except OSError:
             pass
-    except OSError:
-        pass
+        while fd is None and os.getppid() == parent:
+            time.sleep(0.5)
+        if os.getpgid(0) == os.getpid():  # it leads its group (launch and torchrun start it so)
+            os.killpg(0, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
 
-
-def _wait_for_new_parent(parent: int) -> None:
-    while os.getppid() == parent:  # no event announces a parent's death on every OS: look twice a second
-        time.sleep(0.5)
-
-
-def _kill_group_after(watch) -> None:
-    watch()
-    if os.getpgid(0) == os.getpid():  # it leads its group (launch and torchrun start it so): what it started goes too
-        os.killpg(0, signal.SIGKILL)
-    os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=watch, name="ddp_tutorial-launcher-watch", daemon=True).start()
 
 
 class RankNotes:
-    """This rank's notes for ``launch`` in ``<run_dir>/.ranks/`` (read back by ``runfolder.rank_notes``).
+    """This rank's notes for ``launch`` in ``<run_dir>/.ranks/`` (read back by ``runfolder``).
 
     ``failure-attempt<A>-rank<R>.json``: ``{"failed_at": time.monotonic(), "exit_code": ...}``,
-    written the moment the script's exception reaches the bootstrap, before the slow part
-    (the traceback report, atexit handlers, exiting). CLOCK_MONOTONIC is one clock for the
-    whole machine, so notes of different ranks compare.
+    written the moment the script's exception reaches the bootstrap, before the slow report.
+    CLOCK_MONOTONIC is one clock for the whole machine, so ``launch`` names the rank that
+    failed *first* even when a later failure exits sooner.
 
-    ``stacks-attempt<A>-rank<R>.txt``: what ``faulthandler`` writes when ``launch`` asks
-    (``envvars.stacks_signal()``, at a deadline): every thread's Python stack, most recent call
-    first; the rank carries on. ``launch`` asks every rank and waits for every answer before it
-    stops any, so that no rank's stack shows a moment after a peer died. faulthandler's handler
-    runs in C, so it answers even while the script waits inside a collective. SIGTERM writes the
-    stacks too (a rank asked too late), then kills the rank as it would have. The file exists
-    under its name only once the rank can answer; it is removed at exit if never written.
+    ``stacks-attempt<A>-rank<R>.txt``: every thread's Python stack, which ``faulthandler`` (in C,
+    so even inside a collective) writes when ``launch`` asks at a deadline, or at SIGTERM. The file
+    exists under its name only once the rank can answer; it is removed at exit if never written.
     """
 
     FOLDER = ".ranks"
@@ -110,10 +91,8 @@ class RankNotes:
         """Answer ``envvars.stacks_signal()`` by writing every thread's stack and carrying on;
         on SIGTERM write them, then die of SIGTERM (``chain``) as before.
 
-        Until now the stacks signal is ignored (so asking never kills a rank), and it is again
-        once ``close`` unregisters it. A process the script forks (a DataLoader worker) inherits
-        the handlers: they are dropped there, so only the rank writes this file. A script that
-        installs its own handler for either signal replaces this one.
+        Before and after (``close``) the stacks signal is ignored, so asking never kills a rank.
+        A process the script forks (a DataLoader worker) drops the handlers: only the rank writes.
         """
         asked = envvars.stacks_signal()
         signal.signal(asked, signal.SIG_IGN)  # what unregister puts back: a late request is ignored
@@ -131,10 +110,8 @@ class RankNotes:
     def failed(self, failed_at: float, code: int, error: "BaseException | None" = None) -> None:
         """Record a failure at ``failed_at``; a SIGTERM from here on no longer cuts the report short.
 
-        ``peer_gone`` marks an error that says a peer's connection closed: a rank whose peer
-        failed a moment earlier can note its own failure first (the peer's exception may still be
-        unwinding through the script's ``finally`` blocks), so ``launch`` orders such failures after
-        the others.
+        ``peer_gone`` marks an error that says a peer's connection closed: such a failure follows
+        another's, even if noted first, and ``launch`` orders it after the others.
         """
         # launch stops the other ranks as soon as it sees one fail: this rank's traceback
         # is worth the grace period it gets before SIGKILL.
@@ -203,14 +180,10 @@ def run_rank() -> None:
 def exit_skipping_interpreter_cleanup(code: int) -> None:
     """Exit with ``code`` after atexit handlers and flushed output, skipping the interpreter's cleanup.
 
-    The script's own teardown (``destroy_process_group``) has run by then; what is
-    skipped is the interpreter's garbage collection of every object left.
-
-    That cleanup would garbage-collect every object torch made (0.3-0.5 s per
-    rank), and destroying gloo's objects that late can abort the process
-    ("terminate called without an active exception", seen with torch 2.13 after
-    destroy_process_group had returned). ``train.py`` leaves this way too, so
-    it exits cleanly under torchrun as well.
+    The script's own teardown (``destroy_process_group``) has run by then. The interpreter's
+    cleanup would garbage-collect every object torch made, slowly, and destroying gloo's objects
+    that late can abort the process ("terminate called without an active exception").
+    ``train.py`` leaves this way too, so it exits cleanly under torchrun as well.
     """
     try:
         atexit._run_exitfuncs()

@@ -112,22 +112,17 @@ def prepare_store() -> None:
     if peers is not None:
         os.set_inheritable(int(peers), False)
         _PEERS.append(int(peers))
-    if not spec:
+    if spec in (None, "", "join"):
         return
-    socket_and_port = None
-    if spec != "join":
-        try:
-            socket_and_port = store_socket(spec)
-        except OSError as exc:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
-            os._exit(1)
-
-    if socket_and_port is None:
-        return
+    try:
+        fd, port = store_socket(spec)
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        os._exit(1)
     if "torch" in sys.modules:  # a warm rank: torch is in already
-        host_store(*socket_and_port)
+        host_store(fd, port)
     else:
-        sys.meta_path.insert(0, _AfterTorchImport(lambda: host_store(*socket_and_port)))
+        sys.meta_path.insert(0, _AfterTorchImport(lambda: host_store(fd, port)))
 
 
 def keep_store_until_peers_exit() -> None:
