@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from ddp_tutorial.exercises import predict
+from ddp_tutorial.lessons import predict
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 #: Per question, text that gives the answer away: no cell before the question may hold it.

@@ -37,7 +37,7 @@ from ddp_tutorial import envvars
 from ddp_tutorial.exercises import judge, runs
 # ``shard`` here too: the shard skeleton reads its ``LR`` and ``checkpoint_path()`` from here.
 from ddp_tutorial.exercises.judge import my_ddp, shard
-from ddp_tutorial.exercises.predict import Printed, ask, reveal
+from ddp_tutorial.lessons.predict import Printed, ask, reveal
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SKELETONS_DIR = PACKAGE_DIR / "skeletons"
