@@ -17,7 +17,7 @@ LOOPBACK = "127.0.0.1"
 
 
 def free_port(host: str = LOOPBACK) -> int:
-    """A port that is free right now, chosen at random outside the OS's ephemeral range.
+    """A port that is free right now, chosen at random from ``PORTS``, outside the ephemeral range.
 
     For a server you start yourself (e.g. a torchrun rendezvous endpoint): ports the OS hands
     out for outgoing connections (gloo opens many) come from the ephemeral range, and one of
@@ -28,32 +28,17 @@ def free_port(host: str = LOOPBACK) -> int:
         return sock.getsockname()[1]
 
 
+#: Below every common default ephemeral range (Linux 32768-60999; macOS, Windows and IANA
+#: 49152-65535), so no outgoing connection (gloo opens many) is handed one of these ports, and above
+#: the registered services most machines run. A fixed range: it needs no per-OS setting read.
+PORTS = range(20000, 32768)
+
+
 def candidate_ports(tries: int = 100):
-    """Up to ``tries`` random ports outside the ephemeral range: below it from 20000 up (clear of
-    well-known services) if that leaves 1000 ports, else above it, else from 1024 up, else none."""
-    low, high = ephemeral_range()
-    room = [(a, b) for a, b in ((20000, low), (high + 1, 65536), (1024, low)) if b - a >= 1000]
+    """Up to ``tries`` random ports from ``PORTS``."""
     rng = random.SystemRandom()  # concurrent launches must not share a sequence
-    for _ in range(tries if room else 0):
-        yield rng.randrange(*room[0])
-
-
-#: IANA's ephemeral range, macOS's default (sysctl net.inet.ip.portrange.first/last), and Windows'.
-IANA_EPHEMERAL = (49152, 65535)
-
-
-def ephemeral_range():
-    """The OS's range for outgoing connections' ports, ``(low, high)`` inclusive.
-
-    Linux keeps it in a kernel setting (a file, Linux only: its default is 32768-60999); every other
-    OS, and a Linux where the file cannot be read, gets IANA's range.
-    """
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range", "rb") as f:  # Linux only, with the fallback below
-            low, high = (int(v) for v in f.read().split())
-        return low, high
-    except (OSError, ValueError):
-        return IANA_EPHEMERAL
+    for _ in range(tries):
+        yield rng.randrange(PORTS.start, PORTS.stop)
 
 
 def listen_socket(host: str = LOOPBACK) -> socket.socket:
