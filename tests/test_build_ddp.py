@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_tutorial.exercises import predict
+from ddp_tutorial.lessons import predict
 from ddp_tutorial.lessons import build_ddp as lessons
 from ddp_tutorial.lessons import script_source
 
