@@ -200,15 +200,27 @@ def ddp_iterations(model, group, cap_mb, args, rank, w, steps=3):
 
 
 # -- overlap -------------------------------------------------------------------
-def timed_steps(model, ready, steps, seed, rank, world_size, rows, group):
-    """Per step: forward start, backward start, each gradient's ready time (``ready``, filled by ``readiness``),
-    backward end, synced, step end, each all-reduce; for torch's DDP also the buckets it launched and its
-    logger's overlap for that iteration."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    records = []
-    for step in range(steps):
-        x, y = batch(seed, 100 + step, rows * world_size, 32, 5)
-        optimizer.zero_grad(set_to_none=True)
+class Timed:
+    """One model of the timing lab: wrapped, with readiness hooks (registered before any version's hooks),
+    its optimizer, and one record per step."""
+
+    def __init__(self, version, args, group, **ddp_kwargs):
+        model, self.ready, self.records = timing_model(args.seed), [], []
+        readiness(model, self.ready)
+        if version == "ddp":
+            self.model = ddp(model, group, **ddp_kwargs)
+        elif version == "bucket":
+            self.model = BucketDDP(model, TIMING_BUCKET_CAP_MB, group=group)
+        else:
+            self.model = VERSIONS[version](model, group=group)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
+
+    def step(self, step, args, rank, group, world_size=2):
+        """One step: forward start, backward start, each gradient's ready time, backward end, synced, step end,
+        each all-reduce; for torch's DDP also the buckets it launched and its logger's overlap."""
+        model, ready, records = self.model, self.ready, self.records
+        x, y = batch(args.seed, 100 + step, args.batch_size * world_size, 32, 5)
+        self.optimizer.zero_grad(set_to_none=True)
         ready.clear()
         # Both ranks start the step together: a rank that a shared CPU set back in an earlier step would
         # otherwise make its peer wait inside this step's all-reduces, and that wait is not communication.
@@ -221,7 +233,7 @@ def timed_steps(model, ready, steps, seed, rank, world_size, rows, group):
             t2 = time.perf_counter()
             sync(model)
             t3 = time.perf_counter()
-        optimizer.step()
+        self.optimizer.step()
         t4 = time.perf_counter()
         calls = [c for c in log.take() if c["op"] == "all_reduce"]
         record = {"forward": t0, "backward": t1, "backward_end": t2, "synced": t3, "step_end": t4,
@@ -233,30 +245,29 @@ def timed_steps(model, ready, steps, seed, rank, world_size, rows, group):
                 data = model._get_ddp_logging_data()
                 records[-1]["logger_overlap_ms"] = data["backward_compute_comm_overlap_time"] / 1e6
         records.append(record)
-    return records
 
 
 def timed(version, args, rank, group, steps=None, **ddp_kwargs):
-    """A fresh timing model with readiness hooks (registered before any version's hooks), wrapped, timed."""
-    model, ready = timing_model(args.seed), []
-    readiness(model, ready)
-    if version == "ddp":
-        wrapped = ddp(model, group, **ddp_kwargs)
-    elif version == "bucket":
-        wrapped = BucketDDP(model, TIMING_BUCKET_CAP_MB, group=group)
-    else:
-        wrapped = VERSIONS[version](model, group=group)
-    return wrapped, timed_steps(wrapped, ready, steps or args.timing_steps, args.seed, rank, 2, args.batch_size,
-                                group)
+    """One version alone, ``steps`` steps (``--timing-steps`` by default)."""
+    t = Timed(version, args, group, **ddp_kwargs)
+    for step in range(steps or args.timing_steps):
+        t.step(step, args, rank, group)
+    return t.model, t.records
 
 
 def part_overlap(args, rank, world_size):
     group = dist.new_group([0, 1])
     if rank > 1:
         return
+    # The versions take turns, step by step: a burst of other work on a shared CPU then falls on every
+    # version's steps alike, not on the whole of one version's (each keeps its least exposed step).
+    lab = {version: Timed(version, args, group) for version in (*VERSIONS, "ddp")}
+    for step in range(args.timing_steps):
+        for t in lab.values():
+            t.step(step, args, rank, group)
     finals = {}
-    for version in (*VERSIONS, "ddp"):
-        model, records = timed(version, args, rank, group)
+    for version, t in lab.items():
+        model, records = t.model, t.records
         finals[version] = digest(model.parameters())
         extra = {}
         if version == "bucket":
@@ -273,7 +284,7 @@ def part_overlap(args, rank, world_size):
     costs, unused_buckets = {}, {}
     for find in (False, True):
         with quiet_stderr() if find else contextlib.nullcontext():
-            _, rec = timed("ddp", args, rank, group, find_unused_parameters=find)
+            _, rec = timed("ddp", args, rank, group, steps=6, find_unused_parameters=find)
         costs[str(find)] = [r["step_end"] - r["forward"] for r in rec[1:]]
         unused_buckets[str(find)] = rec[-1]["buckets"]
     runfolder.report({"part": "overlap_final", "digests": finals, "find_unused_step_s": costs,
@@ -365,7 +376,10 @@ def part_hang(args, rank, world_size):
 
 
 def parser():
-    p = flags(__doc__, steps=5, batch_size=8, timing_steps=6)
+    # 11 timing steps: 10 timed per rank after the warm-up one, each a chance for an undisturbed step; and DDP's
+    # logger collects its times only in iterations 1-10 (then every sample_rate-th; reducer.cpp
+    # should_collect_runtime_stats), the ones read here at the next step's forward.
+    p = flags(__doc__, steps=5, batch_size=8, timing_steps=11)
     p.add_argument("--parts", default="construct,exact,overlap,cases", help="comma-separated: " + ", ".join(PARTS))
     return p
 
