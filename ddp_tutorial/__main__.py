@@ -18,51 +18,42 @@ from ddp_tutorial.config import TRAIN_SCRIPT
 from ddp_tutorial.launcher import LaunchError, launch
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m ddp_tutorial",
-        description="Train a small model with DDP on local worker processes, then plot per-rank "
-                    "sync timing and loss curves.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+#: The demo's defaults: a few seconds of training, a small delay so the sync timeline shows waiting.
+DEMO_DEFAULTS = {"straggler_ms": 3.0, "epochs": 5, "dataset_size": 4096}
+
+
+def add_launch_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g = p.add_argument_group("launch")
     g.add_argument("--world-size", type=int, default=4, help="number of ranks (processes)")
     g.add_argument("--timeout", type=float, default=120.0,
                    help="seconds before a run that has not finished counts as a hang")
-    g.add_argument("--run-dir", default=None,
-                   help="results folder (default: a new folder under ./runs)")
+    g.add_argument("--run-dir", default=None, help="results folder; None: a new one under ./runs")
     g.add_argument("--echo", choices=["all", "rank0", "none"], default="all",
                    help="which ranks' output to show live")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = add_launch_flags(argparse.ArgumentParser(
+        prog="python -m ddp_tutorial",
+        description="Train a small model with DDP on local worker processes, then plot per-rank "
+                    "sync timing and loss curves.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter))
     config.add_training_flags(p)
-    # A few seconds of training, and a small delay so the sync timeline shows waiting.
     # --out is the run folder here: --run-dir covers it (--out still works, as its alias).
-    p.set_defaults(straggler_ms=3.0, epochs=5, dataset_size=4096, out=None)
-    for action in p._actions:
-        if action.dest == "out":
-            action.help = argparse.SUPPRESS
+    p.set_defaults(**DEMO_DEFAULTS)
+    next(a for a in p._actions if a.dest == "out").help = argparse.SUPPRESS
     return p
 
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.out is not None:
-        if args.run_dir is not None and args.run_dir != args.out:
-            parser.error(f"--run-dir {args.run_dir} and --out {args.out} name different folders: give one")
-        args.run_dir = args.out
-    launch_keys = {"world_size", "timeout", "run_dir", "echo", "out"}
-    train_args = []
-    for action in parser._actions:
-        if action.dest in launch_keys or not action.option_strings or action.dest == "help":
-            continue
-        value = getattr(args, action.dest)
-        flag = action.option_strings[0]
-        if isinstance(action, argparse._StoreTrueAction):
-            train_args += [flag] if value else []
-        elif isinstance(action, argparse._AppendAction):
-            for v in value:
-                train_args += [flag, str(v)]
-        elif value is not None:
-            train_args += [flag, str(value)]
+    args = parser.parse_args(argv)  # every flag checked here, and --help
+    # train.py gets the training flags as given (all but the launch's), after the demo's defaults;
+    # launch checks a --out there against --run-dir, and trains into it.
+    launch_only = add_launch_flags(argparse.ArgumentParser(add_help=False))
+    train_args = [f"--{k.replace('_', '-')}={v}" for k, v in DEMO_DEFAULTS.items()]
+    train_args += launch_only.parse_known_args(argv)[1]
     try:
         run = launch(TRAIN_SCRIPT, args.world_size, train_args, timeout=args.timeout,
                      run_dir=args.run_dir, echo=args.echo)

@@ -1,9 +1,5 @@
-"""Command-line flags of the training script and their checks.
-
-This module imports no torch, so a run's flags are checked in the notebook
-kernel (cheaply) before any worker process starts: ``launch_settings`` is what
-``launch`` calls for train.py (registered with ``launcher.check_args_with``).
-"""
+"""train.py's flags and their checks, without torch: ``launch`` checks a run's flags in the kernel,
+before any process starts (``launch_settings``, registered with ``launcher.check_args_with``)."""
 
 from __future__ import annotations
 
@@ -11,12 +7,10 @@ import argparse
 import math
 import os
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import List, Sequence
 
-from ddp_tutorial import envvars
+from ddp_tutorial import checkpoint, envvars, mistakes
 from ddp_tutorial.backend import BACKENDS
-from ddp_tutorial.checkpoint_settings import CheckpointError, check_settings, settings_of
-from ddp_tutorial.mistakes import BUGS
 from ddp_tutorial.runfolder import rank_run_dir
 
 #: The training script, as a file path (``launch(TRAIN_SCRIPT, 4, [...])``) and as a module.
@@ -24,74 +18,65 @@ TRAIN_SCRIPT = str(Path(__file__).resolve().with_name("train.py"))
 TRAIN_MODULE = "ddp_tutorial.train"
 
 
-#: Upper limits of flags whose larger values only ever come from a typo.
-MAX_MOMENTUM = 0.999
-MAX_SEED = 2 ** 32 - 1
-MAX_STRAGGLER_MS = 60_000.0
-MAX_THREADS = 1024
-MAX_PG_TIMEOUT_S = 7 * 24 * 3600.0
-
-
 class ConfigError(ValueError):
     """A flag value that cannot work, found before any process starts."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The flags of ``python -m ddp_tutorial.train`` (shared by the CLI)."""
-    p = argparse.ArgumentParser(
-        prog="python -m ddp_tutorial.train",
-        description="Train a small MLP on a seeded teacher task with DistributedDataParallel.",
-    )
+    """The flags of ``python -m ddp_tutorial.train``."""
+    p = argparse.ArgumentParser(prog="python -m ddp_tutorial.train", description="Train a small "
+                                "MLP on a seeded teacher task with DistributedDataParallel.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_training_flags(p)
     return p
 
 
 def add_training_flags(p: argparse.ArgumentParser) -> None:
-    """Add the training flags to ``p`` (used by train.py and by ``python -m ddp_tutorial``)."""
+    """Add the training flags to ``p`` (used by train.py and by ``python -m ddp_tutorial``, whose
+    ``ArgumentDefaultsHelpFormatter`` adds each one's default to its help)."""
     g = p.add_argument_group("training")
-    g.add_argument("--epochs", type=int, default=2, help="passes over the dataset (default: 2)")
-    g.add_argument("--batch-size", type=int, default=16, help="micro-batch size per rank (default: 16)")
+    g.add_argument("--epochs", type=int, default=2, help="passes over the dataset")
+    g.add_argument("--batch-size", type=int, default=16, help="micro-batch size per rank")
     g.add_argument("--accum-steps", type=int, default=2,
-                   help="micro-batches accumulated per optimizer step, K (default: 2)")
-    g.add_argument("--dataset-size", type=int, default=2048, help="samples in the dataset (default: 2048)")
-    g.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default: 0.05)")
-    g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
-    g.add_argument("--seed", type=int, default=0, help="seed shared by all ranks (default: 0)")
+                   help="micro-batches accumulated per optimizer step, K")
+    g.add_argument("--dataset-size", type=int, default=2048, help="samples in the dataset")
+    g.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
+    g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    g.add_argument("--seed", type=int, default=0, help="seed shared by all ranks")
     g.add_argument("--straggler-ms", type=float, default=0.0,
-                   help="each rank sleeps a random 0..N ms per micro-step; 0 turns it off (default: 0)")
+                   help="each rank sleeps a random 0..N ms per micro-step; 0 turns it off")
     g.add_argument("--bucket-cap-mb", type=float, default=None, metavar="MIB",
-                   help="DDP gradient bucket size in MiB (default: DDP's own, 25 MiB with the first "
-                        "bucket capped at 1 MiB; an explicit 25 caps the first bucket at 25 MiB too)")
+                   help="DDP gradient bucket size in MiB; None: DDP's own, 25 MiB with the "
+                        "first bucket capped at 1 MiB (an explicit 25 caps that one at 25 MiB too)")
     g.add_argument("--backend", choices=BACKENDS, default=os.environ.get(envvars.BACKEND, "auto"),
                    help="process-group backend; auto: nccl when every rank on a node has a GPU of "
                         "its own, gloo otherwise (rank 0 prints which and why)")
     g.add_argument("--threads", type=int, default=1,
                    help="torch threads per rank on CPU; 0 keeps torch's default (OMP_NUM_THREADS "
                         "if set, as launch and torchrun do, else one per core: N ranks x all "
-                        "cores oversubscribe a small machine) (default: 1)")
+                        "cores oversubscribe a small machine)")
     g.add_argument("--pg-timeout", type=float, default=300.0,
-                   help="seconds a collective may wait before the process group gives up (default: 300)")
+                   help="seconds a collective may wait before the process group gives up")
     g.add_argument("--out", default=rank_run_dir("runs/train"),
                    help="folder for rank<R>.jsonl metrics and rank 0's model.pt")
     g.add_argument("--no-metrics", action="store_true",
                    help="skip the per-step timing hook and metric files (for overhead checks)")
-    g.add_argument("--bug", action="append", default=[], choices=sorted(BUGS) + ["all"],
-                   help="reproduce a mistake of the original demo (repeatable; 'all' = every one)")
+    mistakes.add_bug_flag(g)
     c = p.add_argument_group("checkpoint and resume")
     c.add_argument("--checkpoint", default=None, metavar="PATH",
                    help="resume from PATH if it exists; save there (atomically, by rank 0) at "
                         "the end of each epoch and every --save-every optimizer steps")
     c.add_argument("--save-every", type=int, default=0, metavar="N",
                    help="also save every N optimizer steps, i.e. at the end of an accumulation "
-                        "window; 0 saves at epoch ends only (default: 0)")
+                        "window; 0 saves at epoch ends only")
     f = p.add_argument_group("fault injection")
     f.add_argument("--fail-at-step", type=int, default=None,
-                   help="micro-step at which --fail-rank fails, on the first attempt only (attempt 0: "
-                        "the largest TORCHELASTIC_RESTART_COUNT among the group's ranks), so a restart "
-                        "can get past it (default: never)")
-    f.add_argument("--fail-rank", type=int, default=0, help="rank that fails (default: 0)")
+                   help="micro-step at which --fail-rank fails (None: never), on the first attempt "
+                        "only (attempt 0: the largest TORCHELASTIC_RESTART_COUNT among the group's "
+                        "ranks), so a restart can get past it")
+    f.add_argument("--fail-rank", type=int, default=0, help="rank that fails")
     f.add_argument("--fail-mode", choices=["raise", "exit", "hang"], default="raise",
-                   help="raise an exception, exit(3), or sleep forever (default: raise)")
+                   help="raise an exception, exit(3), or sleep forever")
 
 
 def _number(flag: str, value, low: float, high: float = math.inf, low_open: bool = False) -> None:
@@ -120,17 +105,8 @@ def _path(flag: str, path: str, folder: bool) -> Path:
 
 
 def validate(args: argparse.Namespace, world_size: int) -> argparse.Namespace:
-    """Raise ConfigError for flag values that cannot give a sensible run.
-
-    Checks types' ranges (NaN and infinities included), paths, and that an
-    existing ``--checkpoint`` is a checkpoint of a run with these settings.
-
-    Args:
-        args: parsed flags.
-        world_size: number of ranks the run will have.
-    """
-    if world_size < 1:
-        raise ConfigError(f"world_size must be at least 1, got {world_size}")
+    """Raise ConfigError for flag values that cannot give a sensible run of ``world_size`` ranks:
+    ranges (NaN and infinities included), paths, an existing ``--checkpoint`` of other settings."""
     for flag, value in (("--epochs", args.epochs), ("--batch-size", args.batch_size),
                         ("--accum-steps", args.accum_steps)):
         if value < 1:
@@ -141,40 +117,32 @@ def validate(args: argparse.Namespace, world_size: int) -> argparse.Namespace:
             f"= {world_size} x {args.batch_size} = {world_size * args.batch_size}: "
             "some rank would get no full batch")
     _number("--lr", args.lr, 0, low_open=True)
-    _number("--momentum", args.momentum, 0, MAX_MOMENTUM)
-    if not 0 <= args.seed <= MAX_SEED:
-        raise ConfigError(f"--seed must be an integer from 0 to {MAX_SEED}, got {args.seed}")
-    _number("--straggler-ms", args.straggler_ms, 0, MAX_STRAGGLER_MS)
+    # The upper limits: larger values only ever come from a typo.
+    _number("--momentum", args.momentum, 0, 0.999)
+    if not 0 <= args.seed < 2 ** 32:
+        raise ConfigError(f"--seed must be an integer from 0 to {2 ** 32 - 1}, got {args.seed}")
+    _number("--straggler-ms", args.straggler_ms, 0, 60_000)
     if args.bucket_cap_mb is not None:  # None: DDP's own default
         _number("--bucket-cap-mb", args.bucket_cap_mb, 0, low_open=True)
-    if not 0 <= args.threads <= MAX_THREADS:
-        raise ConfigError(f"--threads must be from 0 to {MAX_THREADS}, got {args.threads}")
-    _number("--pg-timeout", args.pg_timeout, 0, MAX_PG_TIMEOUT_S, low_open=True)
+    if not 0 <= args.threads <= 1024:
+        raise ConfigError(f"--threads must be from 0 to 1024, got {args.threads}")
+    _number("--pg-timeout", args.pg_timeout, 0, 7 * 24 * 3600, low_open=True)
     _path("--out", args.out, folder=True)
     if args.save_every < 0:
         raise ConfigError(f"--save-every must be 0 or more, got {args.save_every}")
     if args.save_every and not args.checkpoint:
         raise ConfigError("--save-every needs --checkpoint PATH: where should the checkpoint go?")
-    if args.checkpoint is not None:
-        _check_checkpoint(args, world_size)
+    if args.checkpoint is not None and _path("--checkpoint", args.checkpoint, False).exists():
+        try:
+            checkpoint.check_settings(args.checkpoint, checkpoint.settings_of(args, world_size))
+        except checkpoint.CheckpointError as exc:
+            raise ConfigError(f"--checkpoint: {exc}") from None
     if args.fail_at_step is not None and args.fail_at_step < 0:
         raise ConfigError(f"--fail-at-step must be 0 or more, got {args.fail_at_step}")
     if not 0 <= args.fail_rank < world_size:
         raise ConfigError(f"--fail-rank {args.fail_rank} is not a rank of a world of {world_size}")
-    if "all" in args.bug:
-        args.bug = sorted(BUGS)
+    args.bug = mistakes.chosen(args.bug)
     return args
-
-
-def _check_checkpoint(args: argparse.Namespace, world_size: int) -> None:
-    """An existing ``--checkpoint`` must be one, made with this run's settings (read without torch)."""
-    path = _path("--checkpoint", args.checkpoint, folder=False)
-    if not path.exists():
-        return
-    try:
-        check_settings(path, settings_of(args, world_size))
-    except CheckpointError as exc:
-        raise ConfigError(f"--checkpoint: {exc}") from None
 
 
 def parse(argv: Sequence[str], world_size: int) -> argparse.Namespace:
@@ -192,29 +160,17 @@ def parse(argv: Sequence[str], world_size: int) -> argparse.Namespace:
     return validate(args, world_size)
 
 
-def given_flags(args: Sequence[str]) -> Dict[str, object]:
-    """The training flags ``args`` sets explicitly, by destination (``--out=DIR`` -> ``{"out": "DIR"}``).
-
-    Parsed like train.py parses them, so ``--out=DIR`` and abbreviations count;
-    flags left at their defaults are absent. ``args`` must already parse.
-    """
-    parser = build_parser()
-    for action in parser._actions:
-        action.default = argparse.SUPPRESS
-    return vars(parser.parse_known_args(list(args))[0])
-
-
 def launch_settings(args: List[str], world_size: int, backend: str, run_dir):
     """``launch``'s check of train.py's flags; returns (backend, run_dir, run_dir_name).
 
-    ``--backend`` and ``--out``, when given, are the launch's backend and run
-    folder; they must agree with ``backend=`` and ``run_dir=`` if those are given too.
-
-    Raises:
-        ConfigError: a flag that cannot work, or a disagreement.
+    ``--backend`` and ``--out``, when given, are the launch's backend and run folder; they must
+    agree with ``backend=`` and ``run_dir=`` if those are given too (else ConfigError).
     """
     parsed = parse(args, world_size)
-    given = given_flags(args)
+    without_defaults = build_parser()  # what args sets, read as train.py reads it (--ou=DIR too)
+    for action in without_defaults._actions:
+        action.default = argparse.SUPPRESS
+    given = vars(without_defaults.parse_known_args(list(args))[0])
     if "backend" in given:
         if backend != "auto" and backend != parsed.backend:
             raise ConfigError(f"backend={backend!r} and --backend {parsed.backend} disagree: give one")

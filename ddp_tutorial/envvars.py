@@ -2,8 +2,7 @@
 
 The kernel sets these for the ranks it starts (``launcher/start.py``), the ranks read
 them (``rank/bootstrap.py``, ``runfolder.py``, the exercise workers), and a learner may
-set the first few to change a default. Standard library only, so both sides import it
-(``rank/bootstrap.py`` loads it by its path).
+set the first few to change a default. Standard library only, so both sides import it.
 """
 
 import os

@@ -1,28 +1,23 @@
-"""The original demo's mistakes: the one catalogue the ``--bug`` flag, notebook 00 and the README use.
+"""The original demo's mistakes: the one catalogue, and train.py's ``--bug`` switch made from it.
 
-Standard library only, and a leaf: the kernel (``lessons``, ``config``) and the
-ranks (``rank/original.py``, which holds the original's code) both import it.
+Standard library only: the kernel (notebook 00's and the README's tables, the flag check) and the
+ranks both import it. The original's code is in ``rank/original.py``, which ``train.main`` swaps
+in for the ``--bug`` names chosen.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional
 
 
 @dataclass(frozen=True)
 class Mistake:
-    """One mistake of the original demo: what goes wrong, the fix, and where it is measured.
-
-    Attributes:
-        name: the ``--bug NAME`` that reproduces it (or, for a mistake in how the
-            original launches, a name for the table).
-        what: what goes wrong.
-        fix: what the kit does instead.
-        notebooks: the notebooks that measure it, e.g. "04" or "01, 05".
-        function: the train.py function whose original version (``ddp_tutorial.rank.original``)
-            ``--bug NAME`` runs; None for a mistake the launcher fixes, not train.py.
-    """
+    """One mistake of the original demo: ``--bug NAME`` (or, for a mistake in how the original
+    launches, a name for the table), what goes wrong, the fix, the notebooks that measure it
+    ("01, 05"), and the train.py function whose original version ``--bug NAME`` runs (None: the
+    launcher fixes it, not train.py)."""
 
     name: str
     what: str
@@ -56,8 +51,22 @@ MISTAKES = (
             "04", "loss_divisors"),
 )
 
+#: The original's code, a file the kernel reads (``lessons.mistake_diff``) and never imports.
+ORIGINAL_SCRIPT = str(Path(__file__).resolve().parent / "rank" / "original.py")
+
 #: ``--bug NAME`` -> what goes wrong: the mistakes train.py can reproduce.
 BUGS = {m.name: m.what for m in MISTAKES if m.function}
 
 #: ``--bug NAME`` -> the train.py function whose original version it runs.
 BUG_FUNCTIONS: Dict[str, str] = {m.name: m.function for m in MISTAKES if m.function}
+
+
+def add_bug_flag(group) -> None:
+    """Add train.py's ``--bug`` to an argparse parser or group."""
+    group.add_argument("--bug", action="append", default=[], choices=sorted(BUGS) + ["all"],
+                       help="reproduce a mistake of the original demo (repeatable, or 'all')")
+
+
+def chosen(bugs: Iterable[str]) -> List[str]:
+    """The ``--bug`` names in effect: ``all`` stands for every one."""
+    return sorted(BUGS) if "all" in bugs else list(bugs)

@@ -1,17 +1,10 @@
-"""Which torch the kit runs on, and a clear word at import when it is one the kit cannot use.
+"""Which torch the kit runs on, and one clear line at import when it cannot use it.
 
-The kit is tested from ``FLOOR`` to ``NEWEST_TESTED`` (docs/torch-versions.md has the
-runs and why the floor is where it is). Importing ``ddp_tutorial`` checks the Python, then the installed
-torch:
-
-- a Python older than ``PYTHON_FLOOR``: ``ImportError``, one line (pip says the same at install, from
-  pyproject.toml's ``requires-python``; this is for a clone imported without installing it);
-- older than ``FLOOR`` (or none): ``ImportError``, one line with the version found and the
-  ``pip install`` command that fixes it, before anything starts a rank;
-- newer than ``NEWEST_TESTED``: one line on stderr, and the kit goes on (a learner on a
-  newer torch is not locked out; ``python -m ddp_tutorial.maintainer --torch VERSION`` tests it).
-
-Nothing here imports torch (a second or more in every kernel): the version is read from
+Importing ``ddp_tutorial`` refuses (``ImportError``, one line with the fix) a Python older than
+``PYTHON_FLOOR`` (pip says the same at install, from pyproject.toml; this is for a clone imported
+uninstalled) and a torch older than ``FLOOR`` or none; a torch newer than ``NEWEST_TESTED`` gets one
+line on stderr, and the kit goes on. docs/torch-versions.md has the runs and why the floor is where
+it is. Nothing here imports torch (seconds in every kernel): the version is read from
 ``torch/version.py`` of the torch that ``import torch`` would load.
 """
 
@@ -50,14 +43,9 @@ def parse(version: str) -> Optional[Tuple[int, int]]:
 
 
 def installed() -> Tuple[Optional[str], Optional[str], Optional[str]]:
-    """(version, folder, CUDA version or None) of the torch ``import torch`` would load, without
-    importing it; (None, None, None) when there is none."""
-    torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "__version__"):
-        version_module = getattr(torch, "version", None)
-        return (str(torch.__version__), os.path.dirname(getattr(torch, "__file__", "") or ""),
-                getattr(version_module, "cuda", None))
-    try:
+    """(version, folder, CUDA version or None) of the torch ``import torch`` would load; all None
+    when there is none."""
+    try:  # an imported torch's own spec, else the one an import would find
         spec = importlib.util.find_spec("torch")
     except (ImportError, ValueError):
         spec = None
@@ -95,31 +83,16 @@ def python_refusal(version_info: Optional[Tuple[int, ...]] = None) -> Optional[s
             "make a venv with a newer one (docs/platforms.md)")
 
 
-def untested(version: Optional[str]) -> Optional[str]:
-    """The one line that says ``version`` is newer than any the kit was tested on, or None."""
-    parsed = parse(version or "")
-    if parsed is not None and parsed > NEWEST_TESTED:
-        return (f"ddp_tutorial: torch {version} is newer than the newest tested ({_dotted(NEWEST_TESTED)}); "
-                f"it should work, and `python -m ddp_tutorial.maintainer --torch {version.split('+')[0]}` "
-                f"tests it (or: {FIX})")
-    return None
-
-
 def check() -> None:
-    """At import: refuse an old Python or a torch outside the range, in one line; say so once for a newer
-    torch.
-
-    Raises:
-        ImportError: a Python older than ``PYTHON_FLOOR`` (its ``pip install`` of torch could not
-            succeed), no torch, or one older than ``FLOOR``.
-    """
+    """At import: ImportError for an old Python, no torch or an old one; a line for a newer one."""
     version, folder, _ = installed()
     refused = python_refusal() or refusal(version, folder)
     if refused:
         raise ImportError(refused)
-    note = untested(version)
-    if note and os.environ.get("RANK", "0") == "0":  # once per job, not once per rank
-        print(note, file=sys.stderr, flush=True)
+    if parse(version) > NEWEST_TESTED and os.environ.get("RANK", "0") == "0":  # once per job
+        print(f"ddp_tutorial: torch {version} is newer than the newest tested "
+              f"({_dotted(NEWEST_TESTED)}); it should work, and `python -m ddp_tutorial.maintainer "
+              f"--torch {version.split('+')[0]}` tests it (or: {FIX})", file=sys.stderr, flush=True)
 
 
 def versions_line() -> str:

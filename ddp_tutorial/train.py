@@ -80,8 +80,7 @@ def make_dataset(x: torch.Tensor, seed: int) -> TensorDataset:
 
 
 def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean squared error against the teacher's targets."""
-    return F.mse_loss(out, y)
+    return F.mse_loss(out, y)  # against the teacher's targets
 
 
 # -- Step 1 -------------------------------------------------------------------
@@ -112,15 +111,10 @@ def init_process_group(backend: str = "auto", timeout_s: float = 300.0, store=No
 
 # -- Step 2 -------------------------------------------------------------------
 def wrap_model(model: nn.Module, env: DistEnv, bucket_cap_mb: float | None = None) -> nn.Module:
-    """Step 2: wrap the model in DDP.
+    """Step 2: wrap the model in DDP (a single process keeps the plain model).
 
-    DDP broadcasts rank 0's parameters to every rank at construction and, in
-    backward, all-reduces gradients bucket by bucket so every rank steps alike.
-
-    Args:
-        model: the same architecture on every rank.
-        env: from step 1; a single process keeps the plain model.
-        bucket_cap_mb: gradient bucket size in MiB; None keeps DDP's default.
+    DDP broadcasts rank 0's parameters to every rank at construction and, in backward, all-reduces
+    gradients bucket by bucket (``bucket_cap_mb`` MiB; None: DDP's default): every rank steps alike.
     """
     model = model.to(env.device)
     if not env.distributed:
@@ -179,15 +173,10 @@ def micro_step(model: nn.Module, loss_fn, x, y, loss_divisor: int, sync: bool) -
 
 def train_epoch(model, loader, optimizer, loss_fn, accum_steps: int, epoch: int = 0,
                 hooks: Hooks = NO_HOOKS) -> None:
-    """Step 4: one epoch of gradient accumulation, K micro-batches per optimizer step.
+    """Step 4: one epoch of gradient accumulation, K = ``accum_steps`` micro-batches per step.
 
-    Args:
-        model, loader: from steps 2 and 3.
-        optimizer: steps after the last micro-batch of each window.
-        loss_fn: a micro-batch's loss, ``loss_fn(model(x), y)``.
-        accum_steps: K.
-        epoch: the epoch number (the hooks record it).
-        hooks: what the kit measures and saves around each micro-step; nothing by default.
+    ``hooks``: what the kit measures and saves around each micro-step (with the ``epoch``); nothing
+    by default.
     """
     syncs = sync_schedule(len(loader), accum_steps)
     divisors = loss_divisors(len(loader), accum_steps)
@@ -211,11 +200,7 @@ def teardown() -> None:
 
 
 def main(argv=None) -> int:
-    """The five steps, with the flags of ``config.build_parser`` (``--help`` lists them).
-
-    ``--bug NAME`` swaps the original demo's version of one function in for this
-    file's own (``original.mistakes``) for the run.
-    """
+    """The five steps, with the flags of ``config.build_parser`` (``--help`` lists them)."""
     args = parse_flags(argv)
     hooks = Instrument.from_args(args)
     with original.mistakes(args.bug, sys.modules[__name__]):

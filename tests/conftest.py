@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import psutil
+
 from ddp_tutorial.launcher import procinfo
 
 # Thousands of processes import the kit during a run (ranks, notebook kernels, checks). Where
@@ -36,7 +38,7 @@ def processes_of_run(run_dir, prefix: bool = False) -> list:
     folder lists (a warm rank, forked with the forkserver's environment, and what it started).
     """
     folder = Path(run_dir).resolve()
-    found = set(procinfo.pids_with_env("DDP_TUTORIAL_RUN_DIR", str(folder), prefix=prefix))
+    found = set(pids_with_env("DDP_TUTORIAL_RUN_DIR", str(folder), prefix=prefix))
     claims = folder.rglob(".launch.json") if prefix else [folder / ".launch.json"]
     for claim in claims:
         try:
@@ -50,6 +52,20 @@ def processes_of_run(run_dir, prefix: bool = False) -> list:
 
 
 pid_alive = procinfo.alive  # the name the tests import
+
+
+def pids_with_env(name: str, value: str, prefix: bool = False) -> list:
+    """Live processes, this one aside, whose variable ``name`` is ``value`` (or starts with it)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            got = proc.environ().get(name) if proc.pid != os.getpid() else None
+        except (psutil.Error, OSError):  # gone, or not ours to read
+            continue
+        matches = got is not None and (got.startswith(value) if prefix else got == value)
+        if matches and pid_alive(proc.pid):
+            found.append(proc.pid)
+    return found
 
 
 @contextlib.contextmanager

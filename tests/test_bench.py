@@ -11,7 +11,7 @@ import pytest
 
 from ddp_tutorial import bench
 from ddp_tutorial.backend import gpu_count
-from ddp_tutorial.perf import costmodel as perf, measure
+from ddp_tutorial.lessons.performance import costmodel as perf, measure
 
 
 # -- The cost model, on numbers made by the model itself -------------------------
@@ -175,7 +175,7 @@ def test_the_lab_figures_start_at_zero_and_name_real_settings():
     import matplotlib
 
     matplotlib.use("Agg")
-    from ddp_tutorial.perf import plots
+    from ddp_tutorial.lessons.performance import plots
 
     rows = [{"bucket_cap_mb": c, "allreduce_calls_per_step": n, "cpu_s": 0.02, "backward_s": 0.03, "steps": 16}
             for c, n in ((0.001, 26), (25.0, 1))]

@@ -24,12 +24,11 @@ from conftest import processes_of_run
 
 from ddp_tutorial import (TRAIN_SCRIPT, LaunchConfigError, WorkerError, config,
                           free_port, launch, launcher, train)
-from ddp_tutorial import envvars
-from ddp_tutorial.rank import checkpoint, instrument, restarts
+from ddp_tutorial import checkpoint, envvars
+from ddp_tutorial.rank import instrument, restarts
 from ddp_tutorial.backend import choose_backend
 from ddp_tutorial.lessons.beyond_one_machine import UNEVEN_JOIN_SCRIPT
-from ddp_tutorial.checkpoint_settings import CheckpointError
-from ddp_tutorial.rank.checkpoint import load_checkpoint, save_checkpoint, temp_files
+from ddp_tutorial.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, temp_files
 from ddp_tutorial.runfolder import Run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -251,7 +250,7 @@ def test_a_writer_killed_during_its_first_save_leaves_no_checkpoint(tmp_path):
 # Saves a large checkpoint (many records, so it takes a while) through save_checkpoint.
 WRITER = """
 import sys, torch
-from ddp_tutorial.rank.checkpoint import save_checkpoint
+from ddp_tutorial.checkpoint import save_checkpoint
 state = {"step": 2, "blob": [torch.full((512,), 2.0) for _ in range(40000)]}
 save_checkpoint(state, sys.argv[1])
 print("finished", flush=True)
@@ -358,14 +357,12 @@ def test_launch_max_restarts_resumes_from_the_last_checkpoint(tmp_path, uninterr
     assert_same_params(run.model_state(), uninterrupted[0])
 
 
-def test_injected_failure_fires_on_the_first_attempt_only(monkeypatch):
+def test_injected_failure_fires_on_the_first_attempt_only():
     args = config.parse(["--fail-at-step", "3", "--fail-rank", "1"], world_size=2)
     fault = instrument.Instrument.from_args(args).fault
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     with pytest.raises(RuntimeError, match="injected failure on rank 1 at step 3"):
-        fault.fire_if_due(rank=1, step=3)
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    fault.fire_if_due(rank=1, step=3)  # the restarted group gets past it
+        fault.fire_if_due(rank=1, step=3, attempt=0)
+    fault.fire_if_due(rank=1, step=3, attempt=1)  # the restarted group gets past it
 
 
 def test_resume_refuses_a_checkpoint_of_another_world_size(tmp_path):
@@ -375,7 +372,8 @@ def test_resume_refuses_a_checkpoint_of_another_world_size(tmp_path):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     settings = {"world_size": 2, "batch_size": 16, "accum_steps": 2, "dataset_size": 256, "seed": 0}
     counters = {"step": 0, "optimizer_steps": 0}
-    save_checkpoint(checkpoint.checkpoint_state(model, optimizer, settings, counters, 0, 4, 8), ckpt)
+    save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 0,
+                     "micro": 4, **counters, **settings}, ckpt)
     hooks = instrument.Instrument.from_args(args)
     # The ranks' check is the kernel's (config.validate's): one message, one error type.
     with pytest.raises(CheckpointError, match=r"checkpoint of another run, made with world_size 2 \(now 4\)"):

@@ -2,7 +2,7 @@
 
 Their environment is a rank's less launch's contract (``launcher.start.worker_env``), a
 finished run leaves nothing of its process group, and a kernel killed while they run
-takes them with it, grandchildren included (``guard.py`` and the bootstrap's
+takes them with it, grandchildren included (``exercises/guard.py`` and the bootstrap's
 parent watch).
 """
 

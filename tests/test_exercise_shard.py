@@ -68,7 +68,7 @@ def test_a_wrong_answer_fails_naming_the_mistake(mistake, failing, still_passing
         for word in words:
             assert word in detail, f"{word!r} not in {detail!r}"
     assert set(still_passing) <= passed_names(result), result.message
-    assert "shard_harness.py" not in result.message and "observers.py" not in result.message  # no harness frame
+    assert "shard_records.py" not in result.message and "observers.py" not in result.message  # no harness frame
     assert_nothing_left(result, tmp_path)
 
 

@@ -188,18 +188,17 @@ def test_the_bootstrap_notes_an_error_that_says_a_peer_went_away(tmp_path):
                                                   Path(ddp_tutorial_dir(), "rank", "bootstrap.py"))
     bootstrap = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bootstrap)
-    import json
-    import signal
-
-    notes = bootstrap.RankNotes(str(tmp_path), rank=1, attempt=0)
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR2)
     try:
+        notes = bootstrap.RankNotes(str(tmp_path), rank=1, attempt=0)
         notes.failed(5.0, 1, RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1"))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
         notes.close()
-    record = json.loads(Path(notes.failure_path).read_text())
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGUSR2, previous[1])
+    record = runfolder.failure_notes(tmp_path, 0)[1]  # written by the bootstrap, read by launch
     assert record["peer_gone"] is True and record["failed_at"] == 5.0
+    assert not runfolder.stacks_file(tmp_path, 0, 1).exists()  # nothing asked: no stacks note
 
 
 def ddp_tutorial_dir() -> Path:

@@ -9,7 +9,7 @@ import psutil
 
 from ddp_tutorial import bench
 from ddp_tutorial.maintainer import suite
-from ddp_tutorial.perf import measure
+from ddp_tutorial.lessons.performance import measure
 
 
 def _notebook(path, source):

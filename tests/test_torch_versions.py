@@ -1,7 +1,5 @@
-"""The torch a learner already has: the range checked at import, and the store on older torch."""
+"""The torch a learner already has: the range checked at import."""
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,42 +57,3 @@ def test_the_range_stated_in_pyproject_and_readme_is_the_one_checked():
     assert torch_version.refusal("2.8.9", "/x") and not torch_version.refusal(f"{floor}.0", "/x")
     assert torch_version.refusal(None, None).startswith("ddp_tutorial needs torch >= 2.9, and none is installed")
     assert torch_version.parse("2.10.0a0+git123") == (2, 10) and torch_version.parse("nightly") is None
-
-
-#: torch 2.4-2.7 as far as the store goes: the default (libuv) server refuses a listening socket.
-OLD_STORE = '''
-import json, os, socket, sys
-import torch.distributed as dist
-from ddp_tutorial.rank import store
-calls, TCPStore = [], dist.TCPStore
-
-def old_tcp_store(*args, **kwargs):
-    calls.append(kwargs.get("use_libuv", "default"))
-    if kwargs.get("master_listen_fd") is not None and kwargs.get("use_libuv", True):
-        os.write(2, b"[c10d] logged by the refusal\\n")  # as C10D_ERROR does, before it throws
-        raise NotImplementedError("The libuv TCPStore backend does not support initialization with an listen fd.")
-    return TCPStore(*args, **kwargs)
-
-dist.TCPStore = old_tcp_store
-sock = socket.socket()
-sock.bind(("127.0.0.1", 0))
-sock.listen()
-port = sock.getsockname()[1]
-os.environ["MASTER_ADDR"] = "127.0.0.1"
-store.host_store(sock.detach(), port)
-client = TCPStore("127.0.0.1", port, None, False, wait_for_workers=False)
-client.set("key", "from a client")
-print(json.dumps({"calls": calls, "read": store._STORE[0].get("key").decode(),
-                  "libuv": store._STORE[0].libuvBackend}))
-'''
-
-
-def test_where_the_default_store_refuses_a_listening_socket_the_classic_one_hosts_it_and_clients_join(tmp_path):
-    script = tmp_path / "old_store.py"
-    script.write_text(OLD_STORE)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert out.returncode == 0, out.stderr
-    assert "logged by the refusal" not in out.stderr  # it would open rank 0's output on every launch
-    got = json.loads(out.stdout.splitlines()[-1])
-    assert got == {"calls": ["default", False], "read": "from a client", "libuv": False}

@@ -107,7 +107,7 @@ EXERCISES: Dict[str, Exercise] = {e.name: e for e in (
         "schedule: the epoch's tail is a shorter window), and torch.save(model.state_dict()) of "
         "the model inside DDP, only where rank == 0; drop the DDP model (= None) before "
         "destroy_process_group().")),
-    Exercise("shard", shard.judge_shard, harness=runs.WORKERS / "shard_harness.py", hint=(
+    Exercise("shard", shard.judge_shard, hint=(
         "optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, "
         "lr=shard.LR): it builds an Adam of its own for this rank's share of the parameters and "
         "passes lr= on to it. Before saving: optimizer.consolidate_state_dict(to=0) on every rank "
@@ -188,20 +188,16 @@ def start(name: str, folder=None) -> Path:
     Returns:
         The script's path. An existing file is never overwritten: it is your work.
     """
-    default = folder is None
-    folder = my_work() if default else folder
-    path = Path(folder) / f"{_known(name)}.py"
+    path = Path(my_work() if folder is None else folder) / f"{_known(name)}.py"
     if PACKAGE_DIR.parent in path.resolve().parents:
         raise ValueError(f"{path} is inside the ddp_tutorial package: give a folder of your own")
+    then = f"exercises.check({name!r}{'' if folder is None else f', {str(path)!r}'})"
     if path.exists():
-        print(f"{path} exists already; keeping your work. Edit it, then run exercises.check({name!r}"
-              f"{'' if default else f', {str(path)!r}'}).")
+        print(f"{path} exists already; keeping your work. Edit it, then run {then}.")
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text((SKELETONS_DIR / f"{name}.py").read_text())
-    print(f"wrote {path}: fill in its TODOs, then run exercises.check({name!r}"
-          f"{'' if default else f', {str(path)!r}'}). "
-          f"Stuck? exercises.hint({name!r}).")
+    print(f"wrote {path}: fill in its TODOs, then run {then}. Stuck? exercises.hint({name!r}).")
     return path
 
 

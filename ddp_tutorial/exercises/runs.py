@@ -2,7 +2,7 @@
 
 Under each, a rank's bootstrap (``rank/bootstrap.py``) runs the harness, as ``launch``
 runs any script; the plain process and torchrun start and stop as the launch
-package's process groups (``launcher/procgroup.py``), in a session of their own.
+package's process groups, in a session of their own (``sessions.py``).
 
 Each way gives a ``HarnessRun``: every rank's harness records, exit codes, and
 what went wrong if something did (a crash, a deadline). Nothing here raises
@@ -20,6 +20,7 @@ from typing import Dict, List, Optional
 
 import ddp_tutorial
 from ddp_tutorial import envvars
+from ddp_tutorial.exercises import sessions
 from ddp_tutorial.exercises.settings import FAIL_RANK
 from ddp_tutorial.launcher import BOOTSTRAP, describe_exit, procgroup
 from ddp_tutorial.launcher.start import worker_env
@@ -74,18 +75,17 @@ class HarnessRun:
     def events(self, rank: int, event: str) -> List[dict]:
         return [r for r in self.records.get(rank, []) if r.get("event") == event]
 
-    def final(self, rank: int) -> Optional[dict]:
-        """The rank's ``final`` record: what it measured once the script ended (None if it never did),
-        with the ``references`` rank 0 computed after it, where it got that far."""
-        finals = self.events(rank, "final")
+    def final(self, rank: int, event: str = "final", after: str = "references") -> Optional[dict]:
+        """The rank's last ``event`` record: what it measured once the script ended (None if it
+        never did), with the ``after`` record rank 0 computed after it, where it got that far."""
+        finals, references = self.events(rank, event), self.events(rank, after)
         if not finals:
             return None
-        references = self.events(rank, "references")
         return {**finals[-1], **{k: v for k, v in references[-1].items() if k != "event"}} if references else finals[-1]
 
-    def finals(self) -> Dict[int, dict]:
-        """``final`` records of the ranks that wrote one."""
-        return {r: f for r in self.ranks if (f := self.final(r)) is not None}
+    def finals(self, event: str = "final", after: str = "references") -> Dict[int, dict]:
+        """``final`` (or ``event``) records of the ranks that wrote one."""
+        return {r: f for r in self.ranks if (f := self.final(r, event, after)) is not None}
 
 
 def _records(run_dir: Path, world_size: int) -> Dict[int, List[dict]]:
@@ -113,10 +113,6 @@ def _failure(rank: int, exit_code: Optional[int], error: Optional[dict], traceba
         return head + (f": {error['type']}: {error['message']}" if error else "")
     what = "traceback" if error or any("Traceback (most recent call last)" in line for line in lines) else "output"
     return head + f"; the end of its {what}:\n" + "\n".join(lines[-4:])
-
-
-def _last_line(lines: List[str]) -> str:
-    return next((line.strip() for line in reversed(lines) if line.strip()), "(no output)")
 
 
 def run_launch(exercise: str, script: Path, run_dir: Path, timeout: float, world_size: int = 2,
@@ -162,19 +158,17 @@ class Started:
     world_size: int
     out_dir: Path
     process: subprocess.Popen
-    log: Path
     t0: float
 
 
 def _start(mode: str, cmd: List[str], world_size: int, out_dir: Path) -> Started:
     out_dir = out_dir.resolve()  # the process runs in it: relative paths would point further down
     out_dir.mkdir(parents=True, exist_ok=True)
-    log = out_dir / "output.txt"
     # A rank's environment less launch's contract: our folder is where the harness's report() writes.
     env = {**worker_env(), envvars.RUN_DIR: str(out_dir), envvars.EXERCISE_OUT: str(out_dir)}
-    with open(log, "wb") as f:
-        process = procgroup.start_session(cmd, env, out_dir, f)
-    return Started(mode, world_size, out_dir, process, log, time.monotonic())
+    with open(out_dir / "output.txt", "wb") as f:
+        process = sessions.start(cmd, env, out_dir, f)
+    return Started(mode, world_size, out_dir, process, time.monotonic())
 
 
 def start_plain(exercise: str, script: Path, out_dir: Path) -> Started:
@@ -204,16 +198,16 @@ def finish(started: Started, deadline: float, timeout: float) -> HarnessRun:
     result = HarnessRun(started.mode, started.world_size, timeout)
     process = started.process
     try:
-        result.timed_out = not procgroup.wait_for_exit(process, max(0.0, deadline - time.monotonic()))
+        result.timed_out = not sessions.wait_for_exit(process, max(0.0, deadline - time.monotonic()))
     finally:  # past the deadline, or an interrupt: leave nothing running
         if result.timed_out or not procgroup.has_exited(process):
-            procgroup.stop_session(process, _rank_pids(_records(started.out_dir, started.world_size)))
+            sessions.stop(process, _rank_pids(_records(started.out_dir, started.world_size)))
         else:
             procgroup.end(process)
     result.seconds = time.monotonic() - started.t0
     result.records = _records(started.out_dir, started.world_size)
     result.pids = [process.pid] + _rank_pids(result.records)
-    output = started.log.read_text(errors="replace").splitlines()
+    output = (started.out_dir / "output.txt").read_text(errors="replace").splitlines()
     for rank in result.ranks:
         final = result.final(rank)
         result.exit_codes[rank] = final["exit_code"] if final else None
@@ -227,8 +221,8 @@ def finish(started: Started, deadline: float, timeout: float) -> HarnessRun:
         result.failed_rank = rank
         result.traceback = _traceback_tail(output)
         if rank is None:  # no rank recorded an error: torchrun itself (or the process) failed
-            result.failure = (f"{started.mode} failed ({describe_exit(process.returncode)}): "
-                              f"{_last_line(output)}")
+            last = next((line.strip() for line in reversed(output) if line.strip()), "(no output)")
+            result.failure = f"{started.mode} failed ({describe_exit(process.returncode)}): {last}"
         else:
             result.failure = _failure(rank, result.exit_codes[rank], _error(result.records.get(rank, [])),
                                       result.traceback)

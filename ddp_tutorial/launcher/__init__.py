@@ -1,25 +1,10 @@
 """Start one OS process per rank from a script file, and guard them from the notebook.
 
-``launch`` is what a notebook cell calls. It gives the workers torchrun's
-environment contract (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1,
-MASTER_PORT=<a port it holds>), streams their output as ``[rank r] ...``, and
-returns a ``Run`` with each rank's metrics. It never pickles notebook code and
-never forks the kernel: each rank is ``python <script>`` in a new process (cold), or,
-warm (the default on Linux), forked from Python's forkserver, which has imported torch,
-and then set up as that new process would be (``warm``). torch itself is never changed.
-
-The fault contract: the first rank that fails stops the whole group
-(``WorkerError`` with its traceback); a deadline turns a hang into
-``LaunchTimeout`` with each rank's stack; an interrupt stops every worker; no worker
-outlives a launch; with ``max_restarts`` a failed attempt is followed by a new one, as
-under torchrun. Every input is checked before anything starts (``LaunchConfigError``).
-
-Read the modules in this order (docs/how-it-is-built.md follows one launch through them):
-``spec`` (every argument checked once; the run folder claimed), this loop, ``start`` (one
-attempt: each rank's environment, its output and exit), ``warm`` (the optional warm start),
-``procgroup`` (a rank's process group: start, signal, sweep; ``guard.py`` for a session),
-``net`` (loopback only), ``procinfo`` (psutil), ``errors``.
-This package imports no torch, so a launch costs the kernel nothing up front.
+``launch`` never pickles notebook code and never forks the kernel, and this package imports no
+torch. Read the modules in this order (docs/how-it-is-built.md follows one launch through them):
+``spec`` (every argument checked once; the run folder claimed), this loop, ``start`` (one attempt:
+each rank's environment, its output and exit), ``warm``, ``procgroup`` (a rank's process group:
+start, signal, end), ``net`` (loopback only), ``errors``.
 """
 
 from __future__ import annotations
@@ -30,18 +15,18 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ddp_tutorial import runfolder, stacks
 from ddp_tutorial.launcher import start
-from ddp_tutorial.launcher.errors import (LaunchConfigError, LaunchError, LaunchTimeout, WorkerError,
-                                          describe_exit, last_traceback, port_taken)
+from ddp_tutorial.launcher.errors import (LaunchConfigError, LaunchError, LaunchTimeout,
+                                          WorkerError, describe_exit, last_traceback, port_taken)
 from ddp_tutorial.launcher.net import LOOPBACK, free_port, loopback_interface
-from ddp_tutorial.launcher.spec import (BOOTSTRAP, MAX_WORLD_SIZE, LaunchSpec, check_args_with, scripts_path,
-                                       worker_script)
+from ddp_tutorial.launcher.spec import (BOOTSTRAP, MAX_WORLD_SIZE, LaunchSpec, check_args_with,
+                                        scripts_path, worker_script)
 from ddp_tutorial.launcher.warm import prestart_warm, use_warm, warm_ready
 from ddp_tutorial.runfolder import Run
 
-__all__ = ["launch", "Run", "LaunchSpec", "LaunchError", "LaunchConfigError", "WorkerError", "LaunchTimeout",
-           "describe_exit", "port_taken", "free_port", "loopback_interface", "LOOPBACK",
-           "BOOTSTRAP", "MAX_WORLD_SIZE", "check_args_with", "scripts_path", "worker_script",
-           "prestart_warm", "warm_ready"]
+__all__ = ["launch", "Run", "LaunchSpec", "LaunchError", "LaunchConfigError", "WorkerError",
+           "LaunchTimeout", "describe_exit", "port_taken", "free_port", "loopback_interface",
+           "LOOPBACK", "BOOTSTRAP", "MAX_WORLD_SIZE", "check_args_with", "scripts_path",
+           "worker_script", "prestart_warm", "warm_ready"]
 
 #: The most a deadline waits for the ranks' stacks (they come in milliseconds; a rank that cannot
 #: answer, e.g. one stopped with SIGSTOP, only delays the SIGTERM that follows).
@@ -52,7 +37,12 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
            backend: str = "auto", run_dir=None, env: Optional[Dict[str, str]] = None,
            echo: str = "all", max_restarts: int = 0, master_port: Optional[int] = None,
            grace: float = 1.0, warm: Optional[bool] = None) -> Run:
-    """Run ``script`` as ``world_size`` processes, one per rank, and return their results.
+    """Run ``script`` as ``world_size`` processes, one per rank, as torchrun would (its environment
+    contract, MASTER_ADDR=127.0.0.1), each rank's output live as ``[rank r] ...``.
+
+    The first rank that fails stops the whole group; a deadline turns a hang into
+    ``LaunchTimeout`` with each rank's stack; an interrupt stops every rank; no rank outlives
+    the launch, nor the process that called it.
 
     Args:
         script: a .py file path (e.g. ``TRAIN_SCRIPT``), or ``"-m package.module"``.
@@ -62,7 +52,7 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
         backend: ``"auto"``, ``"gloo"`` or ``"nccl"``, passed as DDP_TUTORIAL_BACKEND.
         run_dir: a new or empty folder for the results; default ``runs/<time>-<script>-<id>``.
         env: extra environment variables for the workers, str -> str (they win over ours).
-        echo: ``"all"`` prints every rank's output live, ``"rank0"`` only rank 0's, ``"none"`` nothing.
+        echo: ``"all"`` prints every rank's output live, ``"rank0"`` rank 0's, ``"none"`` none.
         max_restarts: like torchrun's ``--max-restarts`` (>= 0): after a failure, stop the
             group and start it again (TORCHELASTIC_RESTART_COUNT counts the attempts).
         master_port: a fixed port, 1-65535, instead of one ``launch`` binds itself
@@ -84,9 +74,9 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
         LaunchError: a worker process could not be started at all.
     """
     t0 = time.monotonic()
-    spec = LaunchSpec.build(script, world_size, args, timeout=timeout, backend=backend, run_dir=run_dir,
-                            env=env, echo=echo, max_restarts=max_restarts, master_port=master_port,
-                            grace=grace, warm=warm)
+    spec = LaunchSpec.build(script, world_size, args, timeout=timeout, backend=backend,
+                            run_dir=run_dir, env=env, echo=echo, max_restarts=max_restarts,
+                            master_port=master_port, grace=grace, warm=warm)
     cold_reason = use_warm(spec.warm, spec.backend, spec.env)
     number = 0
     while True:
@@ -102,8 +92,7 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
 
 
 def supervise(spec: LaunchSpec, attempt: start.Attempt, t0: float) -> Run:
-    """Wait for the attempt's ranks, printing their output; stop them all on failure, deadline
-    or interrupt."""
+    """Wait for the attempt's ranks; stop them all on failure, deadline or interrupt."""
     group = attempt.group
 
     def failed():
@@ -120,14 +109,13 @@ def supervise(spec: LaunchSpec, attempt: start.Attempt, t0: float) -> Run:
         group.close()
         runfolder.drop_rank_notes_if_empty(spec.run_dir)
         return _run(spec, attempt, t0)
-    # Failure or deadline: stop everyone, read what is left, then explain.
     failed_on_their_own = {r for r, c in group.exit_codes.items() if c not in (None, 0)}
     # Still running: not rank 0 once its script is done and it only keeps the store for the others.
     still = [r for r, c in group.exit_codes.items() if c is None and r not in group.scripts_done]
     if first is None:  # the deadline: where was each rank? Asked before any rank is stopped.
-        group.ask_for_stacks(lambda r: runfolder.stacks_file(spec.run_dir, attempt.number, r).exists(),
-                             lambda r: _wrote_stack(spec.run_dir, attempt.number, r), STACKS_WAIT_S)
-    group.stop(spec.grace)  # SIGTERM: a rank finishes reporting its failure (and writes its stacks if not asked)
+        group.ask_for_stacks(lambda r: _stack_written(spec.run_dir, attempt.number, r),
+                             STACKS_WAIT_S)
+    group.stop(spec.grace)  # SIGTERM: a rank finishes reporting its failure, or writes its stacks
     group.close()
     run = _run(spec, attempt, t0)
     if first is not None:
@@ -147,21 +135,20 @@ def _run(spec: LaunchSpec, attempt: start.Attempt, t0: float) -> Run:
     return run
 
 
-def _wrote_stack(run_dir, attempt: int, rank: int) -> bool:
+def _stack_written(run_dir, attempt: int, rank: int) -> Optional[bool]:
+    """None while the rank cannot answer (no stacks file yet), else whether it wrote its stack."""
     try:
-        return stacks.wrote_script_stack(runfolder.stacks_file(run_dir, attempt, rank).read_text(errors="replace"))
+        text = runfolder.stacks_file(run_dir, attempt, rank).read_text(errors="replace")
     except OSError:
-        return False
+        return None
+    return stacks.wrote_script_stack(text)
 
 
 def failure_order(exit_seen: Dict[int, float], exited_failing, notes: Dict[int, dict]) -> List[int]:
     """The ranks that failed, earliest first: by the moment each noted its failure
-    (``time.monotonic()``, one clock for the machine), else by when its exit was seen.
-
-    A failure whose error says a peer's connection closed (``peer_gone``) is a consequence
-    of another rank's failure, and comes after every other: the rank that failed first may
-    still be unwinding its script when its peer notes the closed connection.
-    """
+    (``time.monotonic()``, one clock for the machine), else by when its exit was seen. A failure
+    that says a peer's connection closed (``peer_gone``) comes last: the rank that failed first
+    may still be unwinding its script when its peer notes the closed connection."""
     def when(rank: int) -> Tuple[bool, float, int]:
         note = notes.get(rank, {})
         noted = note.get("failed_at")
@@ -174,25 +161,25 @@ def failure_order(exit_seen: Dict[int, float], exited_failing, notes: Dict[int, 
 
 def _worker_error(run: Run, order: List[int], still: List[int]) -> WorkerError:
     first, after = order[0], order[1:]
-    code = run.exit_codes[first]
-    tb = last_traceback(run.output[first])
+    code, tb = run.exit_codes[first], last_traceback(run.output[first])
     stopped = ", ".join(str(r) for r in still if r not in after) or "none"
-    later = "".join(f"; rank {r} failed after it ({describe_exit(run.exit_codes[r])})" for r in after)
+    later = "".join(f"; rank {r} failed after it ({describe_exit(run.exit_codes[r])})"
+                    for r in after)
     return WorkerError(
         f"rank {first} failed first, with {describe_exit(code)}{later}; stopped the other ranks "
-        f"still running ({stopped}). Results so far: {run.run_dir}\n--- rank {first} output ---\n{tb}",
+        f"still running ({stopped}). Results so far: {run.run_dir}\n"
+        f"--- rank {first} output ---\n{tb}",
         first, code, tb, run, after)
 
 
 def _timeout(spec: LaunchSpec, attempt: int, run: Run, still: List[int]) -> LaunchTimeout:
-    detail = ", ".join(
-        f"rank {r} at step {run.last_step(r)}" if run.last_step(r) is not None
-        else f"rank {r} before its first step" for r in still)
+    detail = ", ".join(f"rank {r} at step {run.last_step(r)}" if run.last_step(r) is not None
+                       else f"rank {r} before its first step" for r in still)
     rank_stacks = stacks.rank_stacks(spec.run_dir, attempt, still)
     waits = stacks.rank_waits(spec.run_dir, attempt, still)
     if spec.echo != "none":
-        print(f"[launch] deadline passed; where each rank was:\n{stacks.format_stacks(rank_stacks, waits)}",
-              flush=True)
+        print("[launch] deadline passed; where each rank was:\n"
+              + stacks.format_stacks(rank_stacks, waits), flush=True)
     return LaunchTimeout(
         f"timed out after {spec.timeout:g} s with ranks still running: {detail} (last finished "
         f"micro-step). A rank waiting for a peer that never comes looks like this: a wrong "

@@ -1,7 +1,7 @@
 """What ``launch`` raises, and how it puts a rank's exit and output into words.
 
-Every error is a ``LaunchError`` and carries the partial ``Run`` (``.run``) where
-ranks had started, so a notebook can still plot the steps finished before it.
+Every error is a ``LaunchError`` and carries the partial ``Run`` (``.run``) where ranks had
+started, so a notebook can still plot the steps finished before it.
 """
 
 from __future__ import annotations
@@ -14,11 +14,7 @@ from ddp_tutorial.runfolder import Run
 
 
 class LaunchError(RuntimeError):
-    """Base class of every error ``launch`` raises.
-
-    Attributes:
-        run: the partial ``Run`` (metrics of the steps finished before the error), or None.
-    """
+    """Base class of every error ``launch`` raises; ``run``: the partial ``Run``, or None."""
 
     def __init__(self, message: str, run: Optional[Run] = None):
         super().__init__(message)
@@ -32,11 +28,9 @@ class LaunchConfigError(LaunchError, ValueError):
 class WorkerError(LaunchError):
     """A rank raised or exited non-zero; every other rank was stopped.
 
-    "First" is by when each rank failed (``rank/bootstrap.py`` notes it), or, for a rank
-    killed by a signal, by when its exit was seen.
-
     Attributes:
-        rank: the first rank that failed.
+        rank: the rank that failed first (by the moment it noted its failure, or for a rank killed
+            by a signal, when its exit was seen).
         exit_code: its exit code (negative: killed by that signal).
         traceback: the end of its output, from its last traceback on.
         failed_after: the other ranks that failed on their own, in the order they failed.
@@ -53,10 +47,8 @@ class LaunchTimeout(LaunchError, TimeoutError):
 
     Attributes:
         still_running: rank -> last micro-step it finished (None if none).
-        stacks: rank -> its script's Python stack when it was stopped (most recent call
-            first), for each rank still running; ``launch`` also prints them once.
-        waiting_in: rank -> the torch.distributed call it was inside (e.g. ``"all_reduce"``),
-            or None.
+        stacks: rank -> its script's Python stack when it was stopped (most recent call first).
+        waiting_in: rank -> the torch.distributed call it was inside (``"all_reduce"``), or None.
     """
 
     def __init__(self, message, still_running, run=None, stacks=None, waiting_in=None):
@@ -68,18 +60,17 @@ class LaunchTimeout(LaunchError, TimeoutError):
 
 def describe_exit(code: int) -> str:
     """An exit status in words: "exit code 3", or "killed by SIGKILL" for a negative one."""
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 def port_taken(text: str) -> bool:
     """Whether a rank failed because its MASTER_PORT was taken (EADDRINUSE)."""
-    text = text.lower()
-    return "eaddrinuse" in text or "address already in use" in text
+    return "eaddrinuse" in text.lower() or "address already in use" in text.lower()
 
 
 def last_traceback(lines: List[str], max_lines: int = 40) -> str:

@@ -1,8 +1,7 @@
 """The network side of a launch: loopback only, and a port no one can take first.
 
-``launch`` binds the rendezvous store's socket on 127.0.0.1 itself (``listen_socket``)
-and hands it to rank 0, whose bootstrap hosts the store on it; gloo and nccl are
-pinned to the loopback interface (``loopback_interface``). Standard library only.
+``launch`` binds the store's socket on 127.0.0.1 itself (``listen_socket``) and hands it to rank 0,
+whose bootstrap hosts the store on it; gloo and nccl are pinned to the loopback interface.
 """
 
 from __future__ import annotations
@@ -14,23 +13,9 @@ from typing import Optional
 import psutil
 
 LOOPBACK = "127.0.0.1"
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A port that is free right now, chosen at random from ``PORTS``, outside the ephemeral range.
-
-    For a server you start yourself (e.g. a torchrun rendezvous endpoint): ports the OS hands
-    out for outgoing connections (gloo opens many) come from the ephemeral range, and one of
-    them could take a port picked from there first. ``launch`` needs none of this: it binds
-    its store's socket itself (``listen_socket``) and hands it to rank 0.
-    """
-    with listen_socket(host) as sock:
-        return sock.getsockname()[1]
-
-
 #: Below every common default ephemeral range (Linux 32768-60999; macOS, Windows and IANA
-#: 49152-65535), so no outgoing connection (gloo opens many) is handed one of these ports, and above
-#: the registered services most machines run. A fixed range: it needs no per-OS setting read.
+#: 49152-65535), so no outgoing connection (gloo opens many) is handed one of these ports, and
+#: above the registered services most machines run. A fixed range: no per-OS setting to read.
 PORTS = range(20000, 32768)
 
 
@@ -42,16 +27,14 @@ def candidate_ports(tries: int = 100):
 
 
 def listen_socket(host: str = LOOPBACK) -> socket.socket:
-    """A TCP socket listening on ``host`` (127.0.0.1) at a free port: the store's, for rank 0.
+    """A TCP socket listening on ``host`` at a free port from ``PORTS`` (else one the OS picks).
 
-    Bound before any rank starts, so no other program can take the port in
-    between, and ranks that connect before rank 0 hosts the store wait in the
-    backlog instead of being refused and backing off. The port is outside the
-    ephemeral range, and SO_REUSEADDR is set as TCPStore sets it, so once the
-    run ends the port can be listened on again (no outgoing connection takes it,
-    and the store's closed connections in TIME_WAIT do not block it).
+    Bound before any rank starts, so no other program can take the port in between, and ranks
+    that connect before rank 0 hosts the store wait in the backlog instead of being refused.
+    SO_REUSEADDR is set as TCPStore sets it: the store's closed connections in TIME_WAIT do not
+    keep the port from being listened on again.
     """
-    for port in [*candidate_ports(), 0]:  # 0: the OS picks, if the range leaves no room
+    for port in [*candidate_ports(), 0]:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -64,12 +47,16 @@ def listen_socket(host: str = LOOPBACK) -> socket.socket:
                 raise
 
 
-def loopback_interface() -> Optional[str]:
-    """The name of this machine's loopback network interface (``lo`` on Linux, ``lo0`` on macOS), or None.
+def free_port(host: str = LOOPBACK) -> int:
+    """A port free right now, from ``PORTS``: for a server you start yourself (a torchrun
+    rendezvous endpoint). ``launch`` needs none: it binds its store's socket itself."""
+    with listen_socket(host) as sock:
+        return sock.getsockname()[1]
 
-    gloo otherwise picks its interface from the host name, which on a Mac is an mDNS ``.local``
-    name that often does not resolve.
-    """
+
+def loopback_interface() -> Optional[str]:
+    """This machine's loopback interface (``lo`` on Linux, ``lo0`` on macOS), or None. gloo
+    otherwise picks one from the host name, which on a Mac is an mDNS name that may not resolve."""
     try:
         stats = psutil.net_if_stats()
     except (OSError, psutil.Error):

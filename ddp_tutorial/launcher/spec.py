@@ -1,9 +1,6 @@
-"""What one launch is: ``LaunchSpec``, built from ``launch()``'s arguments once, every input checked.
+"""What one launch is: ``LaunchSpec``, built once from ``launch()``'s arguments, each checked.
 
-Like torchrun's ``WorkerSpec``: the rest of the package reads the spec and never
-sees a raw argument. ``LaunchSpec.build`` refuses bad input with a
-``LaunchConfigError`` before any process starts; its last step claims the run
-folder, so a spec that exists owns its folder.
+Like torchrun's ``WorkerSpec``: the rest of the package reads the spec, never a raw argument.
 """
 
 from __future__ import annotations
@@ -28,7 +25,8 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent
 BOOTSTRAP = str(PACKAGE_DIR / "rank" / "bootstrap.py")
 #: More ranks than this on one machine is a typo, not a plan.
 MAX_WORLD_SIZE = 1024
-ECHOES = ("all", "rank0", "none")
+#: ``tuple(target) -> check`` (``check_args_with``).
+_ARG_CHECKS: Dict[Tuple[str, ...], Callable] = {}
 
 
 @dataclass(frozen=True)
@@ -57,52 +55,38 @@ class LaunchSpec:
     @classmethod
     def build(cls, script, world_size, args=(), *, timeout, backend, run_dir, env, echo,
               max_restarts, master_port, grace, warm) -> "LaunchSpec":
-        """Check ``launch()``'s arguments (the first bad one is refused), then claim the run folder.
-
-        Raises:
-            LaunchConfigError: the first bad input; nothing was started and no folder made.
-        """
+        """Check ``launch()``'s arguments, refusing the first bad one with a ``LaunchConfigError``
+        before anything starts, then claim the run folder: a spec that exists owns its folder."""
         world_size = _number("world_size", world_size, 1, MAX_WORLD_SIZE, integer=True)
         timeout = _number("timeout", timeout, 0, above=True)
         grace = _number("grace", grace, 0)
         backend = _choice("backend", backend, BACKENDS)
-        echo = _choice("echo", echo, ECHOES)
+        echo = _choice("echo", echo, ("all", "rank0", "none"))
         max_restarts = _number("max_restarts", max_restarts, 0, integer=True)
         warm = _choice("warm", warm, (True, False, None))
         if master_port is not None:
             master_port = _number("master_port", master_port, 1, 65535, integer=True)
-        args = _args_param(args)
-        extra_env = _env_param(env)
-        target = _resolve_script(script)
-        run_dir_name = "run_dir"
-        check = _ARG_CHECKS.get(tuple(target))
-        if check is not None:
-            try:
-                backend, run_dir, run_dir_name = check(args, world_size, backend, run_dir)
-            except ValueError as exc:
-                raise LaunchConfigError(str(exc)) from None
-        if backend == "nccl":
-            check_nccl(world_size)
+        args, env, target = _args_param(args), _env_param(env), _resolve_script(script)
         stem = Path(target[-1]).stem if target[0] != "-m" else target[1].rsplit(".", 1)[-1]
-        if run_dir is not None:
-            run_dir = _path_text(run_dir_name, run_dir)  # as given: train.py does not expand ~ either
+        run_dir_name, check = "run_dir", _ARG_CHECKS.get(tuple(target))
         try:
+            if check is not None:
+                backend, run_dir, run_dir_name = check(args, world_size, backend, run_dir)
+            if backend == "nccl":
+                check_nccl(world_size)
+            if run_dir is not None:  # as given: train.py does not expand ~ either
+                run_dir = _path_text(run_dir_name, run_dir)
             run_dir = runfolder.claim(run_dir, stem, run_dir_name,
                                       {"script": target, "world_size": world_size, "args": args})
-        except runfolder.RunFolderError as exc:
+        except ValueError as exc:  # the script's check, or the run folder's (RunFolderError)
             raise LaunchConfigError(str(exc)) from None
-        return cls(tuple(target), world_size, run_dir, tuple(args), backend, MappingProxyType(extra_env),
+        return cls(tuple(target), world_size, run_dir, tuple(args), backend, MappingProxyType(env),
                    timeout, grace, echo, max_restarts, master_port, warm)
 
 
 def worker_script(package_file: str, name: str) -> str:
-    """Path of a worker script in the ``workers/`` folder beside ``package_file``'s module.
-
-    The kit's lessons find their own scripts this way: ``worker_script(__file__, "sampler_demo.py")``.
-
-    Raises:
-        FileNotFoundError: there is no such script.
-    """
+    """Path of a worker script in the ``workers/`` folder beside ``package_file``'s module, as the
+    kit's lessons find their own: ``worker_script(__file__, "sampler_demo.py")``."""
     path = Path(package_file).resolve().parent / "workers" / name
     if not path.is_file():
         raise FileNotFoundError(f"no worker script {path}")
@@ -110,30 +94,21 @@ def worker_script(package_file: str, name: str) -> str:
 
 
 def scripts_path(name: str) -> str:
-    """Path of one of the kit's worker scripts by file name, e.g. ``scripts_path("hello.py")``.
-
-    For a learner at a prompt: it looks through every ``workers/`` folder of the package
-    (the kit's own modules use ``worker_script``, which knows the folder).
-    """
+    """Path of one of the kit's worker scripts by file name, e.g. ``scripts_path("hello.py")``:
+    for a learner at a prompt, it looks through every ``workers/`` folder of the package."""
     found = sorted(PACKAGE_DIR.glob(f"**/workers/{name}"))
     if len(found) != 1:
         raise FileNotFoundError(f"{len(found)} worker scripts named {name!r} in {PACKAGE_DIR}")
     return str(found[0])
 
 
-#: Argument checks for scripts whose flags can be checked in the kernel, before
-#: anything starts: ``tuple(command target) -> check(args, world_size, backend, run_dir)``.
-_ARG_CHECKS: Dict[Tuple[str, ...], Callable] = {}
-
-
 def check_args_with(targets: Sequence[Sequence[str]], check: Callable) -> None:
-    """Register ``check`` for a script's arguments; ``launch`` calls it before it starts anything.
+    """Register ``check`` for a script's arguments, in each form ``launch`` resolves the script
+    to (``[path]``, ``["-m", module]``); ``launch`` calls it before it starts anything.
 
-    Args:
-        targets: the script as ``launch`` resolves it, each form (``[path]``, ``["-m", module]``).
-        check: ``check(args, world_size, backend, run_dir) -> (backend, run_dir, run_dir_name)``;
-            it raises ``ValueError`` for bad arguments, and may take the backend or
-            the run folder from them (``run_dir_name`` names where the folder came from).
+    ``check(args, world_size, backend, run_dir) -> (backend, run_dir, run_dir_name)`` raises
+    ``ValueError`` for bad arguments, and may take the backend or the run folder from them
+    (``run_dir_name`` names where the folder came from).
     """
     for target in targets:
         _ARG_CHECKS[tuple(target)] = check
@@ -187,24 +162,22 @@ def _no_nul(name: str, text: str) -> str:
 
 def _path_text(name: str, value) -> str:
     """A path given as str or os.PathLike, non-empty and without NUL."""
-    if isinstance(value, (str, os.PathLike)):
-        text = os.fspath(value)
-        if isinstance(text, str) and text.strip():
-            return _no_nul(name, text)
-    raise _refuse(name, "a non-empty path (str or os.PathLike)", value)
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(text, str) or not text.strip():
+        raise _refuse(name, "a non-empty path (str or os.PathLike)", value)
+    return _no_nul(name, text)
 
 
 def _args_param(args) -> List[str]:
     """The argument list: strings, numbers or paths, each one argument."""
-    allowed = "a list of arguments such as ['--epochs', '2'] (strings, numbers or paths)"
-    if isinstance(args, (str, bytes)) or not isinstance(args, SequenceABC):
-        # one string would be split into characters
-        raise _refuse("args", allowed, args)
+    if isinstance(args, (str, bytes)) or not isinstance(args, SequenceABC):  # not split into chars
+        raise _refuse("args", "a list of arguments such as ['--epochs', '2'] "
+                      "(strings, numbers or paths)", args)
     out = []
     for i, arg in enumerate(args):
-        if isinstance(arg, bool) or not isinstance(arg, (str, numbers.Real, os.PathLike)):
-            raise _refuse(f"args[{i}]", "a string, a number or a path", arg)
-        text = os.fspath(arg) if isinstance(arg, os.PathLike) else str(arg)
+        text = None
+        if isinstance(arg, (str, numbers.Real, os.PathLike)) and not isinstance(arg, bool):
+            text = os.fspath(arg) if isinstance(arg, os.PathLike) else str(arg)
         if not isinstance(text, str):
             raise _refuse(f"args[{i}]", "a string, a number or a path", arg)
         out.append(_no_nul(f"args[{i}]", text))
@@ -213,17 +186,15 @@ def _args_param(args) -> List[str]:
 
 def _env_param(env) -> Dict[str, str]:
     """Extra environment variables: names and values are strings, names without '='."""
-    if env is None:
-        return {}
-    if not isinstance(env, Mapping):
+    if env is not None and not isinstance(env, Mapping):
         raise _refuse("env", "None or a dict of str -> str", env)
-    for key, value in env.items():
+    for key, value in (env or {}).items():
         if not isinstance(key, str) or not key or "=" in key or "\0" in key:
             raise _refuse("env key", "a non-empty string without '=' or NUL", key)
         if not isinstance(value, str):
             raise _refuse(f"env[{key!r}]", "a string (environment values are text)", value)
         _no_nul(f"env[{key!r}]", value)
-    return dict(env)
+    return dict(env or {})
 
 
 def _resolve_script(script) -> List[str]:
@@ -241,9 +212,9 @@ def _resolve_script(script) -> List[str]:
         if not found:
             raise LaunchConfigError(f"module {module!r} not found: cannot run `-m {module}`")
         return ["-m", module]
-    path = Path(text).expanduser()
+    path, how = Path(text).expanduser(), "give a .py file path, or '-m module'"
     if path.is_dir():
-        raise LaunchConfigError(f"script {str(path)!r} is a folder: give a .py file path, or '-m module'")
+        raise LaunchConfigError(f"script {str(path)!r} is a folder: {how}")
     if not path.is_file():
-        raise LaunchConfigError(f"script not found: {str(path)!r} (give a .py file path, or '-m module')")
+        raise LaunchConfigError(f"script not found: {str(path)!r} ({how})")
     return [str(path.resolve())]

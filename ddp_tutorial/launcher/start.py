@@ -1,15 +1,9 @@
 """One attempt: each rank's environment, the store's socket for rank 0, and ``WorkerGroup``,
 the ranks' output and exits watched from the calling thread on one ``select.poll``.
-
-``start_attempt`` starts the ranks of one attempt and returns an ``Attempt``, which
-holds every fact of how it started; ``warm.use_warm`` decides, once per launch, whether
-they are forked warm or start as new processes, and says why. What happens to each
-rank's process group is ``procgroup``'s.
 """
 
 from __future__ import annotations
 
-import atexit
 import codecs
 import io
 import os
@@ -18,8 +12,7 @@ import select
 import signal
 import socket
 import time
-import weakref
-from dataclasses import dataclass
+from collections import namedtuple
 from typing import Callable, Dict, List, Optional
 
 from ddp_tutorial import envvars, runfolder
@@ -27,90 +20,65 @@ from ddp_tutorial.launcher import net, procgroup
 from ddp_tutorial.launcher.errors import LaunchError
 from ddp_tutorial.launcher.spec import PACKAGE_DIR, LaunchSpec
 
-#: Seconds to read what the ranks wrote before they exited (what a grandchild
-#: that left their process group still holds open is not waited for longer).
+#: Seconds to read what the ranks wrote before they exited (what a grandchild that left their
+#: process group still holds open is not waited for longer).
 DRAIN_S = 2.0
 # torch prefixes each line of a rank's uncaught exception with "[rankN]:".
 _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
-# Groups still running, so an exiting kernel can stop them (atexit below).
-_LIVE_GROUPS: "weakref.WeakSet[WorkerGroup]" = weakref.WeakSet()
-_WATCH: List[socket.socket] = []  # (launcher's end, ranks' end), made once per process
-_WATCH_OWNER: List[int] = []
+_WATCH: Dict[int, tuple] = {}  # pid -> (launcher's end, ranks' end) of the watch socket
 
 
 def launcher_watch() -> socket.socket:
-    """The ranks' end of a socket pair whose other end only this process holds: it reads
-    end-of-file once this process is gone, however it ended, and the ranks then kill their groups."""
-    if _WATCH_OWNER != [os.getpid()]:  # none yet, or we are a fork: our parent's is not ours
-        _WATCH[:] = socket.socketpair()
-        _WATCH_OWNER[:] = [os.getpid()]
-    return _WATCH[1]
+    """The ranks' end of a socket pair whose other end only this process holds: it reads end-of-file
+    once this process is gone, however it ended, and the ranks then kill their groups."""
+    if os.getpid() not in _WATCH:  # none yet, or we are a fork: our parent's is not ours
+        _WATCH.clear()
+        _WATCH[os.getpid()] = socket.socketpair()
+    return _WATCH[os.getpid()][1]
 
 
 def worker_env() -> Dict[str, str]:
     """The environment every process the kit starts to run a script begins with.
 
-    This process's environment without an outer launcher's variables (torchrun's
-    contract, ``TORCHELASTIC_*``, the kit's own per-launch ones: a check run inside a
-    rank must not look like that rank), the package on PYTHONPATH, unbuffered output,
-    gloo's and nccl's sockets on loopback, and one thread unless asked otherwise.
+    This process's environment without an outer launcher's variables (torchrun's contract,
+    ``TORCHELASTIC_*``, the kit's per-launch ones: a check run inside a rank must not look like
+    that rank), the package on PYTHONPATH, unbuffered output, gloo's and nccl's sockets on
+    loopback, and one thread per rank unless asked otherwise (N ranks x all cores thrash).
     """
     outer = set(envvars.TORCHRUN_CONTRACT) | {envvars.STORE, envvars.LAUNCHER_FD}
-    env = {k: v for k, v in os.environ.items() if k not in outer and not k.startswith("TORCHELASTIC_")}
-    env.update({
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_DIR.parent), env.get("PYTHONPATH")])),
-    })
+    env = {k: v for k, v in os.environ.items()
+           if k not in outer and not k.startswith("TORCHELASTIC_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_DIR.parent),
+                                                      env.get("PYTHONPATH")]))
     lo = net.loopback_interface()
-    if lo:  # gloo's and nccl's own listening sockets: loopback, whatever the host name resolves to
+    if lo:  # whatever the host name resolves to
         env.update({"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo})
-    # One thread per rank unless asked otherwise: N ranks x all cores thrash a small machine.
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
 
 def rank_env(spec: LaunchSpec, rank: int, port: int, attempt: int, store: str) -> Dict[str, str]:
-    """One rank's environment: ``worker_env()``, torchrun's contract, the kit's variables, then ``spec.env``.
-
-    Args:
-        store: for rank 0, how its bootstrap hosts the store: ``"fd:N"`` (the
-            socket ``launch`` bound) or ``"bind"`` (bind MASTER_PORT itself);
-            ``"join"`` for the other ranks.
-    """
-    env = worker_env()
-    world = str(spec.world_size)
+    """One rank's environment: ``worker_env()``, torchrun's contract, the kit's variables, then
+    ``spec.env``. ``store``: how rank 0's bootstrap hosts the store, ``"fd:N"`` (the socket
+    ``launch`` bound) or ``"bind"`` (MASTER_PORT); ``"join"`` for the other ranks."""
+    env, world = worker_env(), str(spec.world_size)
     env.update({
-        # torchrun's contract, for one node
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0",
-        "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": world, "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": world,
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "WORLD_SIZE": world,
+        "LOCAL_WORLD_SIZE": world, "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": world,
         "MASTER_ADDR": net.LOOPBACK, "MASTER_PORT": str(port),
         envvars.RESTART_COUNT: str(attempt), envvars.MAX_RESTARTS: str(spec.max_restarts),
-        # Rank 0's bootstrap hosts the store on a loopback socket, so env:// must not
-        # start a second server (on all interfaces): every rank connects as a client.
+        # env:// must not start a second store (on all interfaces): every rank joins rank 0's.
         envvars.USE_AGENT_STORE: "True",
-        # ours
-        envvars.RUN_DIR: str(spec.run_dir), envvars.BACKEND: spec.backend,
-        envvars.STORE: store,
+        envvars.RUN_DIR: str(spec.run_dir), envvars.BACKEND: spec.backend, envvars.STORE: store,
     })
     env.update(spec.env)
     return env
 
 
-@dataclass(frozen=True)
-class Attempt:
-    """One attempt's ranks and how they started.
-
-    Attributes:
-        number: 0 for the first attempt, then one more per restart (TORCHELASTIC_RESTART_COUNT).
-        group: its ranks. ``port``: the store's (MASTER_PORT).
-        start_mode: "warm" or "cold"; ``cold_reason``: why cold (None when warm).
-    """
-
-    number: int
-    group: "WorkerGroup"
-    port: int
-    start_mode: str
-    cold_reason: Optional[str]
+#: One attempt's ranks (``group``) and how they started: ``number`` (0, then one more per restart),
+#: the store's ``port``, ``start_mode`` ("warm" or "cold") and ``cold_reason`` (None when warm).
+Attempt = namedtuple("Attempt", "number group port start_mode cold_reason")
 
 
 def start_attempt(spec: LaunchSpec, number: int, cold_reason: Optional[str]) -> Attempt:
@@ -123,8 +91,9 @@ def start_attempt(spec: LaunchSpec, number: int, cold_reason: Optional[str]) -> 
     try:
         port = spec.master_port or sock.getsockname()[1]
         store = "bind" if sock is None else f"fd:{sock.fileno()}"
-        envs = [rank_env(spec, r, port, number, store if r == 0 else "join") for r in range(spec.world_size)]
-        group = WorkerGroup(spec.cmd, envs, spec.echo, sock, launcher_watch(), warm_start=cold_reason is None)
+        envs = [rank_env(spec, r, port, number, "join" if r else store)
+                for r in range(spec.world_size)]
+        group = WorkerGroup(spec.cmd, envs, spec.echo, sock, launcher_watch(), cold_reason is None)
     finally:
         if sock is not None:
             sock.close()  # rank 0 holds it now: the port is free again once rank 0 exits
@@ -134,47 +103,43 @@ def start_attempt(spec: LaunchSpec, number: int, cold_reason: Optional[str]) -> 
 
 
 class WorkerGroup:
-    """The processes of one attempt, watched from the calling thread alone (no threads).
+    """The processes of one attempt, one per environment in ``envs``, each running ``cmd``;
+    ``echo`` prints every rank's lines as ``[rank r] ...`` ("all"), rank 0's, or none.
 
     Attributes:
         output: rank -> the lines it printed, torch's ``[rankN]:`` prefix removed.
         exit_codes: rank -> its exit code once reaped (negative: killed by that signal), else None.
-        exit_seen: rank -> ``time.monotonic()`` when its exit was first seen (a rank killed by
-            a signal leaves no note of when it failed: this is the best time there is).
+        exit_seen: rank -> ``time.monotonic()`` when its exit was first seen (for a rank killed by
+            a signal, which leaves no note of when it failed).
         procs: the ranks, ``subprocess.Popen`` or ``warm.WarmRank``.
-        scripts_done: ranks whose script has ended well while the process stays (rank 0 keeps the
+        scripts_done: ranks whose script ended well while the process stays (rank 0 keeps the
             store until the others exit: ``rank/store.py``).
     """
 
     def __init__(self, cmd: List[str], envs: List[Dict[str, str]], echo: str,
                  store: Optional[socket.socket], watch: socket.socket, warm_start: bool = False):
-        """Start one process per environment in ``envs``, each running ``cmd``; ``echo`` prints
-        every rank's lines as ``[rank r] ...`` ("all"), rank 0's ("rank0") or none ("none").
-
-        Raises:
-            LaunchError: a rank could not be started (those started were stopped).
-        """
         self.output: Dict[int, List[str]] = {r: [] for r in range(len(envs))}
         self.exit_codes: Dict[int, Optional[int]] = {r: None for r in range(len(envs))}
         self.exit_seen: Dict[int, float] = {}
+        self.scripts_done: set = set()
         self.echo = echo
         self.procs: list = []
         self._poll = select.poll()
         self._pipes: Dict[int, tuple] = {}  # fd -> (rank, decoder, stream)
         self._partial: Dict[int, str] = {r: "" for r in range(len(envs))}
-        # Rank 0 hosts the store until this end closes, once the other ranks have exited (``reap``);
-        # it says here when its script has ended (``scripts_done``).
+        # Rank 0 writes here when its script has ended, and keeps the store until this end
+        # closes, once the other ranks have exited (``reap``).
         self._peers, rank0_peers = socket.socketpair() if len(envs) > 1 else (None, None)
-        self.scripts_done: set = set()
         if self._peers is not None:
             self._poll.register(self._peers.fileno(), select.POLLIN)
-        _LIVE_GROUPS.add(self)
         try:
             for rank, env in enumerate(envs):
-                p = procgroup.start(rank, cmd, env, store, watch, warm_start, rank0_peers if rank == 0 else None)
+                p = procgroup.start(rank, cmd, env, store, watch, warm_start,
+                                    rank0_peers if rank == 0 else None)
                 self.procs.append(p)
-                decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder("utf-8")("replace"), True)
-                self._pipes[p.stdout.fileno()] = (rank, decoder, p.stdout)
+                utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+                lines = io.IncrementalNewlineDecoder(utf8, True)  # \r\n and \r as \n
+                self._pipes[p.stdout.fileno()] = (rank, lines, p.stdout)
                 self._poll.register(p.stdout.fileno(), select.POLLIN)
         except BaseException:
             self.stop(grace=0.0)
@@ -193,7 +158,7 @@ class WorkerGroup:
         for fd, _ in self._poll.poll(max(0, int(timeout_s * 1000))):
             if self._peers is not None and fd == self._peers.fileno():
                 if self._peers.recv(1):
-                    self.scripts_done.add(0)  # rank 0's script succeeded; it only hosts the store now
+                    self.scripts_done.add(0)  # rank 0's script succeeded: it only hosts the store
                 self._poll.unregister(fd)
             elif fd in self._pipes:
                 rank, decoder, _ = self._pipes[fd]
@@ -220,22 +185,15 @@ class WorkerGroup:
             self._partial[rank] = ""
 
     def reap(self) -> None:
-        """Record the exit of every rank that ended, after killing what it left in its process group.
-
-        The sweep happens while the rank is a zombie (seen with ``WNOWAIT``): its pid,
-        and so its group id, cannot belong to anyone else until it is reaped.
-        """
+        """Record the exit of every rank that ended, after killing what it left in its group."""
         for rank, p in enumerate(self.procs):
             if p.returncode is not None or not procgroup.has_exited(p):
                 continue
             self.exit_seen.setdefault(rank, time.monotonic())
-            procgroup.sweep(p)
-            p.wait()  # it has exited: returns at once
+            procgroup.end(p)
             self.exit_codes[rank] = p.returncode
         if self._peers is not None and all(p.returncode is not None for p in self.procs[1:]):
             self._close_peers()
-        if self.done():
-            _LIVE_GROUPS.discard(self)
 
     def _close_peers(self) -> None:
         if self._peers is not None:
@@ -261,16 +219,17 @@ class WorkerGroup:
                 return self.done()
             self.pump(min(tick, left))
 
-    def ask_for_stacks(self, can_answer: Callable[[int], bool], answered: Callable[[int], bool],
-                       timeout_s: float) -> None:
-        """Ask every live rank that ``can_answer`` for its Python stacks (``envvars.stacks_signal()``),
-        then handle output and exits until each rank asked has ``answered``, exited, or ``timeout_s``.
+    def ask_for_stacks(self, answered: Callable[[int], Optional[bool]], timeout_s: float) -> None:
+        """Ask every live rank that can answer (``answered(rank)`` is not None) for its Python
+        stacks (``envvars.stacks_signal()``), then handle output and exits until each has
+        ``answered``, exited, or ``timeout_s`` passed.
 
-        Every rank answers while all are still running: a rank stopped first would close its
-        connections, and a peer's stack would then show it failing instead of where it waited.
+        Every rank answers while all still run: a rank stopped first would close its connections,
+        and a peer's stack would then show it failing instead of where it waited.
         """
         self.reap()
-        asked = [r for r, p in enumerate(self.procs) if p.returncode is None and can_answer(r)]
+        asked = [r for r, p in enumerate(self.procs)
+                 if p.returncode is None and answered(r) is not None]
         for rank in asked:
             procgroup.killpg(self.procs[rank], envvars.stacks_signal(), group=False)
         # a file being written wakes nothing: look again soon
@@ -294,11 +253,4 @@ class WorkerGroup:
         for fd in list(self._pipes):
             self._close_pipe(fd)
         self._close_peers()
-
-
-@atexit.register
-def _stop_all_groups() -> None:
-    for group in list(_LIVE_GROUPS):
-        group.stop(grace=0.5)
-        group.close(drain_s=0.0)
 

@@ -8,6 +8,7 @@ its lesson starts on the ranks with ``launch``.
     lessons/init_wrap/        notebooks 01-02: init_process_group, the DDP wrap
     lessons/sampler_accumulation/        notebooks 03-04: DistributedSampler, no_sync accumulation
     lessons/teardown/         notebook 05: destroy_process_group, crashes, leftovers
+    lessons/performance/      notebook 07: the performance lab, also python -m ddp_tutorial.bench
     lessons/beyond_one_machine/           notebook 08: uneven inputs with Join, the GPU check
     lessons/pitfalls/         notebook 09: the pitfalls lab
     lessons/sharding/         notebook 10: memory, ZeRO-1, FSDP2, compressed gradients
@@ -20,39 +21,29 @@ import __future__
 import ast
 import contextlib
 import difflib
-import os
 import re
 import socket
 from typing import Dict, Iterator, List, Optional, Sequence
 
+import psutil
+
 from ddp_tutorial import config, mistakes as catalogue
-from ddp_tutorial.launcher import BOOTSTRAP, procinfo
+from ddp_tutorial.launcher import BOOTSTRAP
+from ddp_tutorial.lessons.table import text_table
 from ddp_tutorial.runfolder import Run
 
 # -- Notebook 00: the original demo's mistakes -----------------------------------
-#: One mistake of the original demo (``mistakes.Mistake``): name, what, fix, notebooks, function.
-Mistake = catalogue.Mistake
-
-
-def mistakes() -> List[Mistake]:
-    """Every mistake of the original demo, from the one list ``ddp_tutorial.mistakes.MISTAKES``."""
-    return list(catalogue.MISTAKES)
-
-
-def format_mistakes(rows: Optional[Sequence[Mistake]] = None) -> str:
-    """The mistakes as an aligned text table (name, measured in notebook, what goes wrong)."""
-    from ddp_tutorial.lessons.table import text_table
-
-    rows = mistakes() if rows is None else rows
+def format_mistakes() -> str:
+    """The original demo's mistakes (``mistakes.MISTAKES``) as a text table: name, notebook, what
+    goes wrong."""
     return text_table(["mistake", "notebook", "what goes wrong"],
-                      [(m.name, m.notebooks, m.what) for m in rows])
+                      [(m.name, m.notebooks, m.what) for m in catalogue.MISTAKES])
 
 
-def mistakes_markdown(rows: Optional[Sequence[Mistake]] = None) -> str:
+def mistakes_markdown() -> str:
     """The mistakes as the README's Markdown table; a test keeps the README's copy equal to it."""
-    rows = mistakes() if rows is None else rows
     lines = ["| mistake | what goes wrong | the fix | measured in notebook |", "| --- | --- | --- | --- |"]
-    for m in rows:
+    for m in catalogue.MISTAKES:
         name = f"`--bug {m.name}`" if m.function else f"`{m.name}` (no `--bug`: how it is launched)"
         lines.append(f"| {name} | {m.what} | {m.fix} | {m.notebooks} |")
     return "\n".join(lines)
@@ -110,7 +101,7 @@ def script_function(path: str, name: str):
     return namespace[name]
 
 
-ORIGINAL_SCRIPT = os.path.join(os.path.dirname(BOOTSTRAP), "original.py")
+ORIGINAL_SCRIPT = catalogue.ORIGINAL_SCRIPT
 # typing's List[int] in one file and list[int] in the other mean the same: not a change to show
 _TYPING = re.compile(r"\b(List|Dict|Tuple|Set)\[")
 
@@ -150,10 +141,14 @@ def _code_lines(path: str, function: str) -> List[str]:
 # -- What a launch leaves behind (notebooks 01 and 05) ----------------------------
 def worker_alive(pid: int) -> bool:
     """Is ``pid`` still a running launcher worker (not just any process that reused the pid)?"""
-    if not procinfo.alive(pid):
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        words = process.cmdline()
+    except psutil.NoSuchProcess:
         return False
-    words = procinfo.cmdline(pid)
-    if words is None:  # it just exited, or is not ours to read: trust alive()
+    except psutil.AccessDenied:  # alive, but not ours to read
         return True
     # A cold rank runs the bootstrap; a warm one shows the forkserver's command line, forked from it.
     return BOOTSTRAP in words or any("multiprocessing.forkserver" in w for w in words)

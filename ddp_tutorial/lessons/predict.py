@@ -254,16 +254,8 @@ def ask(qid: str) -> Printed:
 
 
 def reveal(qid: str, prediction, measured) -> Verdict:
-    """Compare ``prediction`` with the answer ``measured`` gives; print the verdict and why.
-
-    Args:
-        qid: the question.
-        prediction: the learner's answer, or None if they gave none.
-        measured: what the notebook measured; the question turns it into the answer.
-
-    Returns:
-        A ``Verdict``: its ``correct`` is True or False for a prediction, None when there was none.
-    """
+    """Compare ``prediction`` (the learner's answer, or None) with the answer the question derives
+    from ``measured``; print the verdict and why, and return it as a ``Verdict``."""
     q = _question(qid)
     answer = q.answer(measured)
     shown = f"({answer}) {q.choices[answer]}" if q.choices and answer in q.choices else str(answer)

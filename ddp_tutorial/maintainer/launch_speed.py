@@ -11,10 +11,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from statistics import median
 from typing import Dict, List
 
-from ddp_tutorial.launcher import launch, procinfo, worker_script
-from ddp_tutorial.perf.costmodel import median
+import psutil
+
+from ddp_tutorial.launcher import launch, worker_script
 
 
 def import_torch_seconds(repeats: int = 1) -> float:
@@ -45,9 +47,14 @@ def launch_phases(run, t0: float, t1: float) -> Dict[str, float]:
 
 def server_memory(pid: int) -> Dict[str, float]:
     """The forkserver's resident memory (MB), its share of it (PSS, MB) and its thread count."""
-    kb = procinfo.memory_kb(pid) or {}
-    mb = {k: float("nan") if kb.get(k) is None else kb[k] / 1024 for k in ("rss", "pss")}
-    return {"rss_mb": mb["rss"], "pss_mb": mb["pss"], "threads": procinfo.threads(pid) or 0}
+    nan = float("nan")
+    try:
+        proc = psutil.Process(pid)
+        pss = getattr(proc.memory_full_info(), "pss", None)  # None where the OS does not say (macOS)
+        return {"rss_mb": proc.memory_info().rss / 2**20, "pss_mb": nan if pss is None else pss / 2**20,
+                "threads": proc.num_threads()}
+    except (psutil.Error, OSError):  # gone, or not ours to read
+        return {"rss_mb": nan, "pss_mb": nan, "threads": 0}
 
 
 def warm_launch_speed(world_size: int = 4, repeats: int = 5, timeout: float = 120.0) -> Dict:

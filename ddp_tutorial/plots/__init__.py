@@ -3,7 +3,7 @@
     ax = plots.plot_sync_timeline(run)      # where each rank's time goes, step by step
     ax = plots.plot_loss_curves(run)        # loss per rank, and their mean
 
-The performance lab's figures are in ``ddp_tutorial.perf.plots``.
+The performance lab's figures are in ``ddp_tutorial.lessons.performance.plots``.
 """
 
 from ddp_tutorial.plots.training import (  # noqa: F401

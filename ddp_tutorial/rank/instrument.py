@@ -1,16 +1,9 @@
-"""The kit's hooks around train.py's five steps: records, straggler delays, faults, checkpoints, restarts.
+"""``Instrument``: the ``Hooks`` (``rank/hooks.py``) ``python -m ddp_tutorial.train`` runs with.
 
-``Instrument`` is the ``Hooks`` (``rank/hooks.py``) that ``python -m ddp_tutorial.train``
-runs with. It composes the parts that each live in a module of their own, and
-writes what they did as records:
-
-- one record per micro-step in ``<out>/rank<R>.jsonl`` (loss, timings, all-reduces),
-  timed by ``rank/timing.py`` with torch's own hooks, so the lesson code carries no timers;
-- straggler delays (``--straggler-ms``);
-- fault injection (``--fail-at-step``) and a rendezvous store that survives
-  torchrun restarts (``rank/restarts.py``);
-- checkpoint and exact resume (``--checkpoint``, ``--save-every``: ``rank/checkpoint.py``);
-- at the end, rank 0's ``model.pt`` and a summary record per rank.
+Around train.py's steps it writes one record per micro-step to ``<out>/rank<R>.jsonl`` (loss, and
+times from torch's own hooks: ``rank/timing.py``), adds straggler delays (``--straggler-ms``),
+injects faults and keeps restarts safe (``rank/restarts.py``), resumes and saves checkpoints
+(``ddp_tutorial.checkpoint``), and at the end writes rank 0's ``model.pt`` and a summary record.
 """
 
 from __future__ import annotations
@@ -26,8 +19,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_tutorial import envvars
-from ddp_tutorial.rank.checkpoint import Checkpointer, save_checkpoint, unwrap
+from ddp_tutorial.checkpoint import POSITION, Checkpointer, save_checkpoint, unwrap
 from ddp_tutorial.rank.hooks import Hooks
 from ddp_tutorial.rank.restarts import Fault, group_attempt, restart_safe_store
 from ddp_tutorial.rank.timing import StepTimer
@@ -50,25 +42,15 @@ def ddp_logging(model) -> dict:
     return {k: data[k] for k in keys if k in data}
 
 
-# -- The kit's hooks --------------------------------------------------------------
 class Instrument(Hooks):
     """Records, straggler delays, faults, checkpoints and restarts around train.py's steps.
 
-    Args:
-        out: run folder for rank 0's ``model.pt`` and, with ``record_steps``, ``rank<R>.jsonl``;
-            None writes no files.
-        records: where the records go instead of ``rank<R>.jsonl`` (anything with ``write(record)``).
-        record_steps: time each micro-step and write a record of it (and the run's events);
-            without records nothing is timed.
-        seed: seeds the straggler delays (with the rank).
-        straggler_ms: each micro-step first sleeps a random 0..straggler_ms ms, like the
-            original demo's ``time.sleep(random.random())``.
-        fault: a failure to inject, or None.
-        checkpointer: resumes from and saves to ``--checkpoint``; None: no checkpoints.
-        batch_size: micro-batch size per rank (the start line names it).
-        accum_steps: K, micro-batches per optimizer step (the start line names it).
-        bugs: the ``--bug`` names in effect, for the summary record.
-        verbose: print the start, per-epoch and final lines.
+    ``out`` (None: no files) gets rank 0's ``model.pt`` and, with ``record_steps``, the
+    ``rank<R>.jsonl`` records, unless ``records`` (anything with ``write(record)``) takes them;
+    without records nothing is timed. ``straggler_ms``: each micro-step first sleeps a random 0..N
+    ms (seeded by ``seed`` and the rank), like the original demo's ``time.sleep(random.random())``.
+    ``batch_size``, ``accum_steps`` and ``bugs`` are for the lines printed (``verbose``) and the
+    summary.
     """
 
     def __init__(self, out: Optional[str] = None, *, records=None, record_steps: bool = True, seed: int = 0,
@@ -80,7 +62,6 @@ class Instrument(Hooks):
         self.fault, self.checkpointer = fault, checkpointer
         self.batch_size, self.accum_steps = batch_size, accum_steps
         self.bugs, self.verbose = sorted(bugs), verbose
-        self.attempt = envvars.restart_attempt()
         self.timer: Optional[StepTimer] = None
         self.counters = {"step": 0, "optimizer_steps": 0}
         self.resume_at = (0, 0)  # (epoch, micro-batch) to start at: the beginning, or a checkpoint's
@@ -115,8 +96,14 @@ class Instrument(Hooks):
             self.timer = StepTimer(model, optimizer)
         if self.checkpointer is not None:
             self._resume()
+        n, k = num_batches, self.accum_steps
         if self.verbose and env.rank == 0:  # one rank speaks for the group until the summary
-            self._announce()
+            if n % k:
+                print(f"note: {n} micro-batches per epoch is not a multiple of K={k}; "
+                      f"the last window steps after {n % k}", flush=True)
+            print(f"start: backend={env.backend} device={env.device} world_size={env.world_size}, "
+                  f"{n} micro-batches of {self.batch_size} per rank per epoch, K={k}"
+                  + (f", bugs={self.bugs}" if self.bugs else ""), flush=True)
         self.t_train = time.perf_counter()
         return self.resume_at[0]
 
@@ -126,22 +113,11 @@ class Instrument(Hooks):
             return
         self.counters = {"step": saved["step"], "optimizer_steps": saved["optimizer_steps"]}
         self.resume_at = (saved["epoch"], saved["micro"])
-        self._write({"kind": "resume", "step": saved["step"], "epoch": saved["epoch"],
-                     "micro": saved["micro"], "optimizer_steps": saved["optimizer_steps"],
+        self._write({"kind": "resume", **{k: saved[k] for k in POSITION},
                      "checkpoint": str(self.checkpointer.path)})
         if self.env.rank == 0:
             print(f"resumed from {self.checkpointer.path} (attempt {self.attempt}): epoch {saved['epoch']}, "
                   f"{saved['micro']} micro-batches done in it, step {saved['step']}", flush=True)
-
-    def _announce(self) -> None:
-        n, k = self.num_batches, self.accum_steps
-        if n % k:
-            print(f"note: {n} micro-batches per epoch is not a multiple of K={k}; "
-                  f"the last window steps after {n % k}", flush=True)
-        env = self.env
-        print(f"start: backend={env.backend} device={env.device} world_size={env.world_size}, "
-              f"{n} micro-batches of {self.batch_size} per rank per epoch, K={k}"
-              + (f", bugs={self.bugs}" if self.bugs else ""), flush=True)
 
     def before_micro_step(self, epoch: int, micro: int) -> bool:
         if (epoch, micro) < self.resume_at:
@@ -167,20 +143,16 @@ class Instrument(Hooks):
         self.losses.append(self.last_loss)
         self._write({"kind": "step", "epoch": epoch, "step": step, "micro": micro, "sync": sync,
                      "optimizer_step": sync, "loss": self.last_loss, **times})
-        if sync and self.checkpointer is not None:  # only at the end of an accumulation window:
-            self._save_if_due(epoch, micro + 1)      # no half-summed gradients to lose
+        if sync and self.checkpointer is not None:  # at a window's end: no half-summed gradients
+            saved = self.checkpointer.save_if_due(self.env, self._model(), self.optimizer,
+                                                  self.counters, epoch, micro + 1, self.num_batches)
+            if saved is not None:
+                self._write({"kind": "checkpoint", **saved})
         if micro + 1 == self.num_batches:
             if self.verbose and self.env.rank == 0:
                 print(f"epoch {epoch}: mean local loss {sum(self.losses) / len(self.losses):.4f}, "
                       f"{self.counters['optimizer_steps']} optimizer steps so far", flush=True)
             self.losses = []
-
-    def _save_if_due(self, epoch: int, micro_done: int) -> None:
-        saved_at = self.checkpointer.save_if_due(self.env, self._model(), self.optimizer, self.counters,
-                                                 epoch, micro_done, self.num_batches)
-        if saved_at is not None:
-            self._write({"kind": "checkpoint", "step": self.counters["step"], "epoch": saved_at[0],
-                         "micro": saved_at[1], "optimizer_steps": self.counters["optimizer_steps"]})
 
     def _write(self, record: Dict[str, Any]) -> None:
         if self.records is not None:
@@ -203,7 +175,7 @@ class Instrument(Hooks):
         if isinstance(self.records, MetricsWriter):
             self.records.close()
         if self.verbose:
-            sync_ms = self.timer.sync_total_s * 1e3 if self.timer else 0.0
+            sync_ms = self.timer.sync.total_s * 1e3 if self.timer and self.timer.sync else 0.0
             print(f"done: {counters['step']} micro-steps, {counters['optimizer_steps']} optimizer steps, "
                   f"final loss {self.last_loss:.4f}, {wall:.2f} s, of which sync {sync_ms:.0f} ms",
                   flush=True)

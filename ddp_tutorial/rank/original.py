@@ -1,13 +1,8 @@
-"""The original demo's mistakes: each one is the original's version of one train.py function.
-
-Every function here has the name and arguments of the train.py function it
-gets wrong, and differs from it only by the mistake. ``ddp_tutorial.mistakes``
-lists them (flag, what goes wrong, the fix, the notebook that measures it), and
-``lessons.mistake_diff`` shows each one against train.py's, reading both files.
+"""The original demo's code: each function is the original's version of the train.py function of
+the same name and arguments, and differs from it only by one mistake (``ddp_tutorial.mistakes``
+lists them). ``mistakes(bugs, train_module)`` is how ``train.main`` swaps them in for ``--bug``::
 
     python -m ddp_tutorial.train --bug forward-outside-no-sync   # runs original.micro_step
-
-``mistakes(bugs, train_module)`` is how ``train.main`` swaps them in for a run.
 """
 
 from __future__ import annotations
@@ -27,37 +22,26 @@ from torch.utils.data.distributed import DistributedSampler
 from ddp_tutorial.mistakes import BUG_FUNCTIONS
 
 
-# -- per-rank-data ------------------------------------------------------------
 def make_inputs(size: int, seed: int, rank: Optional[int] = None) -> torch.Tensor:
-    """The original: every rank draws its own random inputs, so the ranks train on different data.
-
-    Args:
-        size: number of samples.
-        seed: the run's seed.
-        rank: whose inputs; None: this process's RANK.
-    """
+    """The original: every rank (``rank``; None: RANK's) draws its own random inputs."""
     rank = int(os.environ.get("RANK", 0)) if rank is None else rank
     return torch.randn(size, 10, generator=torch.Generator().manual_seed(seed + 1000 * (rank + 1)))
 
 
-# -- no-set-epoch ---------------------------------------------------------------
 def start_epoch(sampler: DistributedSampler, epoch: int) -> None:
     """The original never calls ``sampler.set_epoch(epoch)``: every epoch repeats epoch 0's order."""
 
 
-# -- sync-schedule --------------------------------------------------------------
 def sync_schedule(num_batches: int, accum_steps: int) -> List[bool]:
     """The original syncs when ``i % K == 0``: the first update follows a single micro-batch."""
     return [i % accum_steps == 0 for i in range(num_batches)]
 
 
-# -- loss-not-scaled --------------------------------------------------------------
 def loss_divisors(num_batches: int, accum_steps: int) -> List[int]:
     """The original divides no loss by K: the K accumulated gradients add up to K times the mean."""
     return [1] * num_batches
 
 
-# -- forward-outside-no-sync --------------------------------------------------------
 def micro_step(model: nn.Module, loss_fn, x, y, loss_divisor: int, sync: bool) -> torch.Tensor:
     """The original runs forward before entering ``no_sync()``, so DDP has already planned the all-reduce."""
     skip_sync = isinstance(model, DDP) and not sync  # a plain model has nothing to skip
@@ -68,36 +52,21 @@ def micro_step(model: nn.Module, loss_fn, x, y, loss_divisor: int, sync: bool) -
     return loss
 
 
-# -- random-labels --------------------------------------------------------------
 def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The original draws fresh random labels every step (``torch.rand_like``): nothing to learn."""
     return F.mse_loss(out, torch.rand_like(out))
 
 
-# -- Selecting them for a run -------------------------------------------------------
-def functions(bugs: Iterable[str]) -> List[str]:
-    """The names of the train.py functions that the ``--bug`` names in ``bugs`` replace.
-
-    Raises:
-        ValueError: a name that is not a ``--bug`` of train.py.
-    """
+# -- Swapping them in for a run ------------------------------------------------------
+@contextlib.contextmanager
+def mistakes(bugs: Iterable[str], train_module: ModuleType):
+    """Within the block, ``train_module`` (train.py's, also when it runs as ``__main__``) calls the
+    original's version of each function the ``--bug`` names in ``bugs`` replace; its own are back
+    on exit, so nothing leaks into a later run. An unknown name raises ValueError."""
     unknown = sorted(set(bugs) - set(BUG_FUNCTIONS))
     if unknown:
         raise ValueError(f"not a --bug of train.py: {unknown}; choose from {sorted(BUG_FUNCTIONS)}")
-    return [BUG_FUNCTIONS[bug] for bug in bugs]
-
-
-@contextlib.contextmanager
-def mistakes(bugs: Iterable[str], train_module: ModuleType):
-    """Within the block, ``train_module`` calls the original's version of each function that
-    ``bugs`` names; its own are back on exit, so nothing leaks into a later run.
-
-    Args:
-        bugs: ``--bug`` names, e.g. ``["sync-schedule"]``; empty: train.py as it is.
-        train_module: train.py's module, to patch (``sys.modules[train.__name__]``, also when
-            it runs as ``__main__``).
-    """
     with contextlib.ExitStack() as stack:
-        for name in functions(bugs):
+        for name in (BUG_FUNCTIONS[bug] for bug in bugs):
             stack.enter_context(mock.patch.object(train_module, name, globals()[name]))
         yield

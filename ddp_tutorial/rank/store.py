@@ -1,31 +1,26 @@
 """Rank 0 hosts the rendezvous store on the loopback socket ``launch`` bound; every rank joins it.
 
-Under ``launch`` (DDP_TUTORIAL_STORE): ``fd:N``, the listening socket ``launch`` bound on
-127.0.0.1 and passed down; ``bind``, bind MASTER_ADDR:MASTER_PORT here (a fixed ``master_port``);
-``join`` for the other ranks. The store starts as soon as the script has imported torch, so a
-script that never imports it pays nothing; every rank's env:// joins it as a client
-(TORCHELASTIC_USE_AGENT_STORE=True), as torchrun's ranks join their agent's store, so no store
-listens on other interfaces. Standard library only until torch is in.
+The store starts as soon as the script has imported torch (a script that never does pays nothing).
+Every rank's env:// joins it as a client (TORCHELASTIC_USE_AGENT_STORE=True), as torchrun's ranks
+join their agent's store: no store listens on other interfaces.
 """
 
+import importlib.util
 import os
 import sys
 
 from ddp_tutorial import envvars
 
-#: Keeps rank 0's store (and so its server) alive until the process exits.
+#: Rank 0's store (kept alive until the process exits), and its end of the peers socket.
 _STORE = []
-#: Rank 0's end of the socket that reads end-of-file once every other rank has exited.
 _PEERS = []
 
 
 def store_socket(spec: str):
-    """(descriptor, port) of the store's listening socket for ``spec`` (``fd:N`` or ``bind``).
-
-    Raises:
-        OSError: ``bind``, and MASTER_ADDR:MASTER_PORT is taken (EADDRINUSE) or not allowed.
-    """
-    import socket  # rank 0 only: the other ranks start without it
+    """(descriptor, port) of the store's listening socket: ``spec`` (``envvars.STORE``) is
+    ``fd:N``, the socket ``launch`` bound, or ``bind``, MASTER_ADDR:MASTER_PORT bound here (a fixed
+    ``master_port``; OSError if it is taken)."""
+    import socket  # rank 0 only
 
     if spec.startswith("fd:"):
         sock = socket.socket(fileno=int(spec[3:]))
@@ -48,41 +43,19 @@ def store_socket(spec: str):
 
 
 def host_store(fd: int, port: int) -> None:
-    """Host the rendezvous store on the listening socket ``fd`` for the rest of this process.
-
-    The store's default server (libuv, from torch 2.4 on) takes a listening socket only
-    from torch 2.8 on; before, it refuses with NotImplementedError before touching ``fd``,
-    and the classic server (``use_libuv=False``), which always could, hosts it instead.
-    What the installed torch does decides, not its version string. Clients are the same
-    for both servers: the other ranks join either.
-    """
+    """Host the rendezvous store on the listening socket ``fd`` for the rest of this process
+    (the default libuv server takes one from torch 2.8 on: pytorch/pytorch#150215)."""
     import datetime
 
     from torch.distributed import TCPStore
 
-    args = (os.environ["MASTER_ADDR"], port, None, True, datetime.timedelta(minutes=30))
-    # The refusal also logs an error line to stderr (C10D_ERROR) that would land in rank 0's
-    # output on every launch: stderr points at /dev/null for this one call, the exception keeps the text.
-    stderr, quiet = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(quiet, 2)
-    try:
-        store = TCPStore(*args, wait_for_workers=False, master_listen_fd=fd)
-    except NotImplementedError:
-        store = None
-    finally:
-        os.dup2(stderr, 2)
-        os.close(stderr)
-        os.close(quiet)
-    if store is None:
-        store = TCPStore(*args, wait_for_workers=False, master_listen_fd=fd, use_libuv=False)
-    _STORE.append(store)
+    timeout = datetime.timedelta(minutes=30)
+    _STORE.append(TCPStore(os.environ["MASTER_ADDR"], port, None, True, timeout,
+                           wait_for_workers=False, master_listen_fd=fd))
 
 
 class _AfterTorchImport:
-    """A ``sys.meta_path`` finder that runs ``callback`` right after ``import torch`` has finished.
-
-    (Not an ``importlib.abc.MetaPathFinder``: importing that module costs a worker 0.1 s.)
-    """
+    """A ``sys.meta_path`` finder that runs ``callback`` right after ``import torch`` finished."""
 
     def __init__(self, callback):
         self.callback = callback
@@ -90,23 +63,17 @@ class _AfterTorchImport:
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "torch":
             return None
-        sys.meta_path.remove(self)  # once, and let the usual finders find torch
-        spec = next(filter(None, (getattr(f, "find_spec", lambda *a: None)(fullname, path, target)
-                                  for f in sys.meta_path)), None)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module, callback = spec.loader.exec_module, self.callback
-
-        def exec_then_call(module):
-            exec_module(module)
-            callback()
-
-        spec.loader.exec_module = exec_then_call
+        sys.meta_path.remove(self)  # once: the usual finders find torch
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            exec_module = spec.loader.exec_module
+            spec.loader.exec_module = lambda module: (exec_module(module), self.callback())
         return spec
 
 
 def prepare_store() -> None:
-    """Under ``launch``: rank 0 takes the store's socket now, and hosts the store once torch is in."""
+    """Under ``launch``: rank 0 takes the store's socket now, and hosts the store once torch is in;
+    the other ranks (``join``) and ranks of another launcher have nothing to do."""
     spec = os.environ.pop(envvars.STORE, None)  # the script's children must not see it
     peers = os.environ.pop(envvars.PEERS_FD, None)
     if peers is not None:
@@ -126,13 +93,12 @@ def prepare_store() -> None:
 
 
 def keep_store_until_peers_exit() -> None:
-    """Rank 0, its script done and successful: keep the store it hosts until every other rank has exited.
+    """Rank 0, its script done and successful: keep the store it hosts until the others exited.
 
     torchrun's agent hosts its ranks' store for the whole run, so a rank that finishes first never
-    takes the store from a peer still joining or leaving the group. Here rank 0 hosts it, and so
-    stays: it tells ``launch`` its script is done (one byte, so it does not count as still running),
-    then waits until ``launch`` closes the other end, once the other ranks have exited. If ``launch``
-    stops it meanwhile (another rank failed), it exits 0 all the same: its script succeeded.
+    takes it from a peer still joining or leaving the group. Rank 0 tells ``launch`` its script is
+    done (one byte: it no longer counts as running), then waits until ``launch`` closes the other
+    end, once the other ranks have exited. Stopped meanwhile (another rank failed), it exits 0.
     """
     if not (_STORE and _PEERS):
         return

@@ -1,14 +1,8 @@
 """Where a step record's times come from: torch's own hooks, so the lesson code carries no timers.
 
-``SyncTimer`` is a DDP comm hook that all-reduces like DDP's default one and
-times the all-reduces; ``StepTimer`` adds a forward hook and an optimizer step
-pre-hook and turns one micro-step's timestamps into the record's fields::
-
-    timer = StepTimer(ddp_model, optimizer)   # registers the hooks once
-    timer.start()                 # the micro-step begins (a straggler delay may follow)
-    timer.compute_starts()        # forward begins
-    ... forward, backward, optimizer step ...
-    fields = timer.stop(sync)     # straggler_s, forward_s, backward_s, ..., sync_s
+``SyncTimer`` is a DDP comm hook that times the all-reduces; ``StepTimer`` adds a forward hook and
+an optimizer step pre-hook, and ``Instrument`` calls ``start``, ``compute_starts`` and ``stop``
+around each micro-step.
 """
 
 from __future__ import annotations
@@ -22,18 +16,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 class SyncTimer:
-    """A DDP comm hook that all-reduces like DDP's default hook, and times it.
-
-    ``sync_s`` of a step runs from the first bucket's all-reduce launch to the
-    last one's completion: the wait for the slowest rank is inside it.
-    ``total_bytes`` counts the gradient bytes all-reduced, every call.
+    """A DDP comm hook that all-reduces like DDP's default hook, and times it::
 
         timer = SyncTimer()
         ddp_model.register_comm_hook(timer, SyncTimer.hook)
+
+    A step's sync time runs from the first bucket's all-reduce launch to the last one's completion:
+    the wait for the slowest rank is inside it. ``total_bytes``: the gradient bytes all-reduced.
     """
 
     def __init__(self):
-        self.process_group = None
         self.total_s = 0.0
         self.total_bytes = 0
         self.start_step()
@@ -59,23 +51,18 @@ class SyncTimer:
         if state.calls == 0:
             state.first_start = now
         state.calls += 1
-        group = state.process_group or dist.group.WORLD
         tensor = bucket.buffer()
         state.total_bytes += tensor.numel() * tensor.element_size()
-        tensor.div_(group.size())  # as DDP's default allreduce_hook: average, then sum
-        fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+        tensor.div_(dist.get_world_size())  # as DDP's default allreduce_hook: average, then sum
+        fut = dist.all_reduce(tensor, async_op=True).get_future()
         return fut.then(state._done)
 
 
 class StepTimer:
-    """The phases of each micro-step, timed by hooks on the model and the optimizer.
+    """The phases of each micro-step, timed by hooks on the (DDP-wrapped) model and its optimizer.
 
-    Holds no reference to the model or the optimizer (they hold the hooks): the
-    DDP model and its process group go away when train.py drops them.
-
-    Args:
-        model: the (DDP-wrapped) model; a plain model has no all-reduces to time.
-        optimizer: its optimizer.
+    Holds no reference to either (they hold the hooks): the DDP model and its process group go
+    away when train.py drops them.
     """
 
     def __init__(self, model: nn.Module, optimizer):
@@ -92,17 +79,10 @@ class StepTimer:
     def _backward_done(self, *_) -> None:  # the optimizer step starts when backward is over
         self.t_backward = time.perf_counter()
 
-    @property
-    def sync_total_s(self) -> float:
-        """Seconds spent in all-reduces over every step so far."""
-        return self.sync.total_s if self.sync is not None else 0.0
-
     def start(self) -> None:
-        """The micro-step begins."""
         self.t_start, self.t0 = time.time(), time.perf_counter()
 
-    def compute_starts(self) -> None:
-        """Forward begins (after any straggler delay)."""
+    def compute_starts(self) -> None:  # after any straggler delay
         self.t1 = self.t_forward = self.t_backward = time.perf_counter()
         if self.sync is not None:
             self.sync.start_step()

@@ -25,8 +25,8 @@ What the exercise asks, where torch's DDP does otherwise:
   (``Reducer::ensure_prior_reduction_finished``); a class that handles it instead, leaving the
   result ``DDP(find_unused_parameters=True)`` gives, passes too. Silence with un-averaged gradients fails.
 
-``my_ddp_records`` holds the thresholds, the criteria's names and the readers of the
-records; ``my_ddp_buckets`` the bucket and overlap criteria; this module the rest.
+``my_ddp_buckets`` holds the thresholds, the criteria's names, the readers of the
+records, and the bucket and overlap criteria; this module the rest.
 """
 
 from __future__ import annotations
@@ -36,10 +36,9 @@ from typing import Dict, List, Optional, Tuple
 from ddp_tutorial.exercises.judge.common import Criterion, max_difference, not_measured, ran_to_end, ranks_text
 # The bucket and overlap criteria and the thresholds and names, as ``my_ddp.NAME`` (tests and the check use them).
 from ddp_tutorial.exercises.judge.my_ddp_buckets import (  # noqa: F401
-    buckets, fill_at_most, fill_reaching, layouts, overlap)
-from ddp_tutorial.exercises.judge.my_ddp_records import (  # noqa: F401
-    BROADCAST, BUCKETS, CAPS, NO_SYNC, ORDER, OVERLAP, RAN, SAME, SAME_GRAD, TOLERANCE, UNUSED, bytes_text,
-    caps_text, events_by_rank, trainings)
+    BROADCAST, BUCKETS, CAPS, NO_SYNC, ORDER, OVERLAP, RAN, SAME, SAME_GRAD, TOLERANCE, UNUSED,
+    buckets, bytes_text, caps_text, events_by_rank, fill_at_most, fill_reaching, layouts, overlap,
+    trainings)
 from ddp_tutorial.exercises.runs import HarnessRun
 
 
@@ -54,20 +53,12 @@ def _call_text(call) -> str:
 
 
 def _mismatch(runs: List[HarnessRun]) -> Optional[Tuple[HarnessRun, dict]]:
-    """Where the ranks' collectives parted: the harness's ``mismatch`` (its watchdog, or a segment's end), else
-    the first difference in the calls each rank reported (gloo may abort a rank before the watchdog speaks)."""
+    """Where the ranks' collectives parted: the first ``mismatch`` the lockstep reported."""
     for run in runs:
         for r in run.ranks:
             found = run.events(r, "mismatch")
             if found:
                 return run, found[0]
-    for run in runs:
-        launches = {r: [(e["case"], e.get("op", "all_reduce"), e["bytes"]) for e in run.events(r, "launch")]
-                    for r in run.ranks}
-        for i in range(min(len(v) for v in launches.values())):
-            if len({v[i] for v in launches.values()}) > 1:
-                return run, {"segment": launches[0][i][0], "index": i,
-                             "peers": {r: [list(c[1:]) for c in v[:i + 1]] for r, v in launches.items()}}
     return None
 
 

@@ -1,11 +1,10 @@
 """Exercise "shard": turn a DDP script with Adam into ZeRO-1, judged from what the ranks measured.
 
 The learner's script trains ``task``'s model with DDP and Adam (learning rate
-``LR``), then saves a checkpoint on rank 0 (``checkpoint_path()``). The check
-runs it under ``workers/shard_harness.py``, which adds to the common harness
-what this exercise needs: the Adam state each rank holds at the end (each
-parameter's step and moments), the ZeroRedundancyOptimizer calls
-(``consolidate_state_dict`` and its target, ``state_dict``), what rank 0 saved
+``LR``), then saves a checkpoint on rank 0 (``checkpoint_path()``). The harness
+adds what this exercise needs (``workers/shard_records.py``): the Adam state each
+rank holds at the end (each parameter's step and moments), the ZeroRedundancyOptimizer
+calls (``consolidate_state_dict`` and its target, ``state_dict``), what rank 0 saved
 (the same numbers, as they were when saved), and on rank 0 the parameters the
 original DDP script reaches (replayed in one process). A criterion whose
 measurement a run that stopped early never made says "not measured", never a
@@ -20,7 +19,8 @@ import os
 from typing import Dict, List, Optional
 
 from ddp_tutorial.exercises.judge.common import (
-    absent, Criterion, max_difference, not_measured, plural, ran_to_end, ranks_text)
+    absent, Criterion, max_difference, NOT_MEASURED, not_measured, plural, ran_to_end, ranks_text)
+from ddp_tutorial.exercises.judge.sampler_no_sync import reshuffled
 from ddp_tutorial.exercises.runs import HarnessRun
 from ddp_tutorial import envvars
 
@@ -51,16 +51,6 @@ CONSOLIDATE_IS_COLLECTIVE = ("it is a collective: every shard but the target's o
 def checkpoint_path() -> str:
     """Where the script saves its checkpoint: in the check's run folder, else the current folder."""
     return os.path.join(os.environ.get(envvars.EXERCISE_OUT) or ".", "shard_checkpoint.pt")
-
-
-def shard_finals(run: HarnessRun) -> Dict[int, dict]:
-    """Per rank, what ``shard_harness.py`` measured once the script ended; rank 0's adds its replay
-    of the DDP script (``shard_reference``), where it got that far."""
-    finals = {r: recs[-1] for r in run.ranks if (recs := run.events(r, "shard_final"))}
-    replays = run.events(0, "shard_reference")
-    if 0 in finals and replays:
-        finals[0] = {**finals[0], **{k: v for k, v in replays[-1].items() if k != "event"}}
-    return finals
 
 
 def stopped_early(run: HarnessRun, finals: Dict[int, dict]) -> Optional[str]:
@@ -125,18 +115,6 @@ def sharded(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
                                      f"is {full:,}" + (f": {why}" if why else ""))
 
 
-def repeated_order(run: HarnessRun) -> Optional[str]:
-    """Where a rank's DistributedSampler repeated epoch 0's order because set_epoch was not called."""
-    for rank in run.ranks:
-        its = (run.final(rank) or {}).get("sampler_iterations") or []
-        for e in range(1, len(its)):
-            if its[e]["indices"] == its[0]["indices"] and its[e]["epoch"] == its[0]["epoch"]:
-                return (f"on rank {rank}, epoch {e} repeated epoch 0's order (the sampler's epoch stayed "
-                        f"{its[e]['epoch']}), while the DDP script calls sampler.set_epoch(epoch) at the top of "
-                        "every epoch: keep that line, the shuffle comes from seed + epoch")
-    return None
-
-
 def same_as_ddp(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     """The final parameters on every rank equal those the DDP script with Adam reaches."""
     rank0 = finals.get(0, {})
@@ -191,9 +169,9 @@ def same_as_ddp(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
             f"{detail}: with overlap_with_ddp=True, ZeRO steps inside DDP's communication hook, and torch "
             "documents that the first two or three iterations make no update while DDP rebuilds its buckets; "
             "the DDP script updates from the first step. Leave overlap_with_ddp at its default (False) here"))
-    repeated = repeated_order(run)
-    if repeated:
-        return Criterion(SAME_AS_DDP, False, f"{detail}: {repeated}")
+    order = reshuffled(run, run.finals()) if run.final(0) else None  # the sampler's criterion
+    if order and not order.passed and not order.detail.startswith(NOT_MEASURED):
+        return Criterion(SAME_AS_DDP, False, f"{detail}: {order.detail}")
     return Criterion(SAME_AS_DDP, False, detail)
 
 
@@ -311,7 +289,9 @@ def whole_checkpoint(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
 
 
 def judge_shard(run: HarnessRun) -> List[Criterion]:
-    finals = shard_finals(run)
+    # Per rank, what ``shard_records.py`` measured once the script ended; rank 0's with its replay
+    # of the DDP script, where it got that far.
+    finals = run.finals("shard_final", "shard_reference")
     criteria = [ran_to_end(run)]
     if not finals:
         return criteria + [not_measured(name, run, stopped_early(run, finals) or "")

@@ -18,7 +18,8 @@ each saved checkpoint loads strictly into ``task.make_model()``; then, on rank 0
 ``references``: the one-process results (``ddp_tutorial.exercises.workers.reference``),
 after ``final`` so that a peer's failure during them (which stops this rank)
 costs only the references. All but those two are written the moment they
-happen, so a rank that hangs or dies still leaves them.
+happen, so a rank that hangs or dies still leaves them. Exercise "shard" observes
+ZeroRedundancyOptimizer too and reports more after ``final`` (``shard_records.py``).
 
 Once the ``final`` record is written, what the script raised goes on to the bootstrap,
 which reports it and exits as for any script (``bootstrap.run_rank``): the same exit
@@ -36,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_tutorial.exercises.workers import reference
-from ddp_tutorial.exercises.workers.observers import Observations, Observers, optimizer_parameters
+from ddp_tutorial.exercises.workers.observers import Observations, Observers
 from ddp_tutorial.rank import bootstrap
 from ddp_tutorial.runfolder import report
 
@@ -48,7 +49,7 @@ globals()[bootstrap.RUNS_THE_SCRIPT] = True
 
 #: The harness's own files: their frames (an observer between the script and torch) are not the learner's.
 HARNESS_FILES = {os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-                 for name in ("harness.py", "observers.py", "shard_harness.py")}
+                 for name in ("harness.py", "observers.py", "shard_records.py")}
 
 
 def without_harness_frames(tb):
@@ -111,7 +112,11 @@ def run(exercise: str, script: str) -> Optional[BaseException]:
             "launcher_port": launcher["port"]})
     seen = Observations()
     observers = Observers(seen, launcher)
-    observers.install()
+    observers.install(keep_store=exercise == "shard")
+    if exercise == "shard":  # imported here: it loads ZeroRedundancyOptimizer, unused elsewhere
+        from ddp_tutorial.exercises.workers import shard_records
+
+        shard_records.observe(observers)
     failure, error, code = None, None, 0
     try:
         bootstrap.run_script([script])
@@ -134,6 +139,8 @@ def run(exercise: str, script: str) -> Optional[BaseException]:
         world_size = seen.init_world_size or int(os.environ.get("WORLD_SIZE", 1))
         report({"event": "references", "reference_world_size": world_size,
                 "references": reference.references(world_size, sampler_seed(seen))})
+    if exercise == "shard":
+        shard_records.report_after(seen, failed=failure is not None)
     return failure
 
 

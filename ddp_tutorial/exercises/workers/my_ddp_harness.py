@@ -25,12 +25,9 @@ has counted a gradient as produced before any hook of the class sees it
 An all-reduce launched once every gradient is produced (in the last gradient's hook,
 or after backward) overlaps nothing.
 
-Each collective is reported the moment it is called (``launch``; ``Watch``, in
-``my_ddp_watch.py``). The ranks go in lockstep (``Lockstep``, in ``my_ddp_lockstep.py``),
-segment by segment (a construction, a step): each posts the collectives it called
-to the store, and a watchdog thread compares them with its peers' while a segment
-runs, so a collective that only some ranks call (``mismatch``) stops the run in
-about a second, named, instead of at gloo's timeout.
+Each collective is reported the moment it is called (``launch``), once the ranks have compared
+their calls through the store (``Watch`` and ``Lockstep``, in ``my_ddp_watch.py``): a collective
+that only some ranks call (``mismatch``) stops the run at once, named, instead of at gloo's timeout.
 Errors are reported (``error``) and then raised: the rank fails as the learner's code did.
 """
 
@@ -49,8 +46,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_tutorial.exercises.workers.my_ddp_lockstep import Lockstep
-from ddp_tutorial.exercises.workers.my_ddp_watch import Watch, summary
+from ddp_tutorial.exercises.workers.my_ddp_watch import Lockstep, Watch, summary
+from ddp_tutorial.lessons.build_ddp.workers import lab_models
 from ddp_tutorial.rank import bootstrap
 from ddp_tutorial.runfolder import report
 
@@ -65,23 +62,16 @@ CAP_BYTES = (2**20, 900, 500)
 STEPS, K, LR, ROWS = 3, 3, 0.1, 4
 
 
-class ToyModel(nn.Module):
-    """fc3 shares fc2's weight (tied), fc2's bias is frozen, ``fixed`` has requires_grad=False, and ``shift``
-    is a buffer (drawn from the seed, like the parameters: it differs per rank until broadcast)."""
+class ToyModel(lab_models.ToyModel):
+    """Notebook 11's toy model (tied, frozen and fixed parameters) and a buffer, ``shift``, drawn
+    from the seed like the parameters: it differs per rank until broadcast."""
 
     def __init__(self):
         super().__init__()
-        self.fc1, self.fc2 = nn.Linear(10, 16), nn.Linear(16, 16)
-        self.fc3, self.out = nn.Linear(16, 16), nn.Linear(16, 5)
-        self.fc3.weight = self.fc2.weight
-        self.fc2.bias.requires_grad_(False)
-        self.fixed = nn.Parameter(torch.randn(16), requires_grad=False)
         self.register_buffer("shift", torch.randn(5))
 
     def forward(self, x):
-        x = F.relu(self.fc1(x))
-        x = F.relu(self.fc2(x))
-        return self.out(F.relu(self.fc3(x) + self.fixed)) + self.shift
+        return super().forward(x) + self.shift
 
 
 class UnusedToyModel(ToyModel):
@@ -303,7 +293,6 @@ def main(argv) -> None:
                 "error": {"type": type(exc).__name__, "message": str(exc)[:600], "where": None, "traceback": []}})
         raise
     finally:
-        lockstep.stopped.set()
         dist.destroy_process_group()
 
 

@@ -1,15 +1,17 @@
-"""What exercise "my_ddp"'s harness sees of the learner's collectives: ``Watch`` records each call (its size,
-which tensor, how far backward had got when it was launched and when waited for), ``summary`` turns one
-step's calls into the numbers the judge reads."""
+"""What exercise "my_ddp"'s harness sees of the learner's collectives: ``Lockstep`` compares the
+ranks' calls one by one, ``Watch`` records each call (its size, which tensor, how far backward had
+got when it was launched and when waited for), ``summary`` turns one step's calls into the numbers
+the judge reads."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import json
 
 import torch
 import torch.distributed as dist
 
-from ddp_tutorial.exercises.workers.my_ddp_lockstep import Lockstep
 from ddp_tutorial.runfolder import report
 
 #: The collectives of torch.distributed the class may call; all are recorded, and compared across ranks.
@@ -17,6 +19,48 @@ COLLECTIVES = ("all_reduce", "broadcast", "barrier", "reduce", "all_gather", "al
                "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "all_to_all", "all_to_all_single",
                "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
                "send", "recv", "isend", "irecv")
+
+
+class MismatchedCollectives(RuntimeError):
+    """The ranks called different collectives at one point of a segment (a construction, a step)."""
+
+
+class Lockstep:
+    """The ranks' collectives compared through the store (never through the group, where a
+    mismatched collective is stuck), segment by segment (a construction, a step).
+
+    Before each collective, and at the segment's end, every rank posts its calls so far (with the
+    one it is about to make) and reads its peers': where they differ, each rank reports ``mismatch``
+    and raises ``MismatchedCollectives`` before the call, so a collective only some ranks call stops
+    the run at once, named, instead of at gloo's timeout."""
+
+    def __init__(self, store, rank: int, world_size: int):
+        self.store, self.rank, self.world_size = store, rank, world_size
+        self.name, self.last, self.index, self.calls = None, None, 0, []
+
+    @contextlib.contextmanager
+    def segment(self, name: str):
+        self.index, self.name, self.last, self.calls = self.index + 1, name, name, []
+        report({"event": "segment", "name": name})  # where a rank that hangs or crashes was
+        try:
+            yield
+            self.compare(None)
+        finally:
+            self.name = None
+
+    def compare(self, call) -> None:
+        """Post this rank's calls with ``call`` (None: the segment's end), wait for every peer's
+        at this point (the store's timeout, the group's, is the backstop); raise where they differ."""
+        at, mine = len(self.calls), self.calls + ([call] if call else [])
+        keys = [f"my_ddp_lockstep/{self.index}/{at}/{r}" for r in range(self.world_size)]
+        self.store.set(keys[self.rank], json.dumps(mine))
+        self.store.wait(keys)
+        seqs = {r: json.loads(self.store.get(k)) for r, k in enumerate(keys)}
+        if any(seq != mine for seq in seqs.values()):
+            report({"event": "mismatch", "segment": self.name, "index": at,
+                    "peers": {str(r): s for r, s in seqs.items()}})
+            raise MismatchedCollectives(f"in {self.name}, collective #{at + 1} differs")
+        self.calls = mine
 
 
 class Watch:
@@ -74,7 +118,7 @@ class Watch:
             except TypeError:
                 given = {}
             group = given.get("group")
-            name = self.lockstep.current
+            name = self.lockstep.name
             if name is None or group not in (None, dist.group.WORLD):
                 return collective(*args, **kwargs)
             tensor = given.get("tensor")
@@ -84,8 +128,8 @@ class Watch:
                    "future": False}
             if isinstance(tensor, torch.Tensor):
                 rec["tensor"], rec["version"] = tensor, tensor._version
+            self.lockstep.compare([op, nbytes])
             self.calls.append(rec)
-            self.lockstep.record(op, nbytes)
             report({"event": "launch", "case": name, "op": op, "bytes": nbytes})
             work = collective(*args, **kwargs)
             if work is not None and rec["async"]:

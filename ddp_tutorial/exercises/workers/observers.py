@@ -3,7 +3,8 @@
 ``Observers.install`` puts them on torch (``init_process_group``, the collectives,
 ``destroy_process_group``, DistributedDataParallel's ``__init__``, ``forward`` and
 ``no_sync``, the optimizer step, DistributedSampler and DataLoader iteration,
-``torch.save``); ``remove`` puts the originals back. ``Observations`` holds the
+``torch.save``); ``remove`` puts the originals back. Exercise "shard" adds its own
+(``shard_records.observe``). ``Observations`` holds the
 counts they keep, ``as_record()`` gives them for the ``final`` record. The calls
 that happen once, or that a rank may hang in, are ``report()``ed the moment they
 happen (``init_called``, ``init``, ``collective_enter``, ``collective``, ``destroy``).
@@ -84,6 +85,16 @@ class Observations:
         self.ddp_attempts = 0  # DistributedDataParallel(...) calls, including ones that raised
         self.destroy_calls = 0
         self.init_world_size = None
+        self.zeros = []  # every ZeroRedundancyOptimizer built (its inner optimizer may come later)
+        self.consolidations = []  # each consolidate_state_dict call: `to`, and after how many steps
+        self.consolidating = False  # ZeRO's torch.save of a shard into a buffer: not a checkpoint
+        self.state_dict_refused = None  # ZeRO's state_dict() raised: not consolidated on this rank
+        self.saved_optimizer_states = []  # the optimizer states torch.save wrote, as they were then
+        self.store = None  # exercise "shard": the group's store, kept past the script's destroy
+
+    def inner_optimizers(self):
+        """ZeRO's local optimizers: their steps are ZeRO's own, not the script's."""
+        return {id(zero.optim) for zero in self.zeros if hasattr(zero, "optim")}
 
     def final_parameters(self):
         """The parameters the last stepped optimizer holds, else those of the first DDP model."""
@@ -102,8 +113,8 @@ class Observations:
         return all(id(p) in wrapped for p in optimizer_parameters(self.last_optimizer))
 
     def as_record(self):
-        kept = {k: v for k, v in vars(self).items()
-                if k not in ("ddp_modules", "bucket_indices", "last_optimizer")}  # not JSON
+        not_json = ("ddp_modules", "bucket_indices", "last_optimizer", "zeros", "store")
+        kept = {k: v for k, v in vars(self).items() if k not in not_json}
         return {**kept, "optimizer_trains_ddp_model": self.optimizer_trains_ddp_model(),
                 "buckets": len(self.bucket_indices), "final_params": self.final_parameters()}
 
@@ -173,13 +184,16 @@ class Observers:
             self._hook.remove()
             self._hook = None
 
-    def install(self):
+    def install(self, keep_store: bool = False):
+        """The observers; ``keep_store``: keep the group's store past the script's destroy."""
         seen = self.seen
         self._observe_waits()
-        self._observe_process_group()
+        self._observe_process_group(keep_store)
         self._observe_ddp()
 
         def after_step(optimizer, args, kwargs):
+            if id(optimizer) in seen.inner_optimizers():  # ZeRO's own step follows its inner one's
+                return
             seen.optimizer_steps += 1
             seen.forwards_at_step.append(seen.ddp_forwards)
             seen.last_optimizer = optimizer
@@ -218,8 +232,9 @@ class Observers:
         save = torch.save
 
         def observed_save(obj, f, *args, **kwargs):
-            where = os.path.abspath(f) if isinstance(f, (str, os.PathLike)) else f"<{type(f).__name__}>"
-            seen.saves.append({"path": where})
+            if not seen.consolidating:
+                path = isinstance(f, (str, os.PathLike))
+                seen.saves.append({"path": os.path.abspath(f) if path else f"<{type(f).__name__}>"})
             return save(obj, f, *args, **kwargs)
 
         self.patch(torch, "save", observed_save)
@@ -247,7 +262,7 @@ class Observers:
             return zero_grad(obj, *args, **kwargs)
         return observed
 
-    def _observe_process_group(self):
+    def _observe_process_group(self, keep_store: bool):
         seen, launcher = self.seen, self.launcher
         init = c10d.init_process_group
         signature = inspect.signature(init)
@@ -263,6 +278,8 @@ class Observers:
                                             given.get("world_size"))
             init(*args, **kwargs)
             seen.init_world_size = dist.get_world_size()
+            if keep_store:
+                seen.store = c10d._get_default_store()
             report({"event": "init", "rank": dist.get_rank(), "world_size": dist.get_world_size(),
                     "backend": dist.get_backend()})
 

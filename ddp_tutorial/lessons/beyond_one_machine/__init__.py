@@ -9,26 +9,21 @@ restarts); ``workers/uneven_join.py`` shows uneven inputs with and without
 from pathlib import Path
 
 from ddp_tutorial.launcher import worker_script
+from ddp_tutorial.lessons import error_line
 
 UNEVEN_JOIN_SCRIPT = worker_script(__file__, "uneven_join.py")
 #: Rank code the notebook shows (read with ``lessons.script_source``, never imported in the kernel):
 #: the atomic save, and ``Checkpointer``'s save and resume that ``--checkpoint`` runs.
-CHECKPOINT_CODE = str(Path(__file__).resolve().parents[2] / "rank" / "checkpoint.py")
+CHECKPOINT_CODE = str(Path(__file__).resolve().parents[2] / "checkpoint.py")
 
 
 def failure_order(error, world_size: int) -> str:
     """Which rank failed first and what the others did, in the order ``launch`` saw them fail.
 
-    The text comes from one place, the ``WorkerError``: its ``rank`` failed first and its
-    ``traceback`` is that rank's own; ``failed_after`` are the ranks that failed on their own
-    later; ``launch`` stopped every other rank.
-
-    Args:
-        error: the ``WorkerError`` a launch raised.
-        world_size: the launch's ranks.
+    The text comes from one place, the ``WorkerError`` of a ``world_size``-rank launch: its
+    ``rank`` failed first and its ``traceback`` is that rank's own; ``failed_after`` are the
+    ranks that failed on their own later; ``launch`` stopped every other rank.
     """
-    from ddp_tutorial.lessons import error_line
-
     lines = [f"rank {error.rank} failed first (exit code {error.exit_code}); its error: {error_line(error)}"]
     lines += [f"rank {r} failed on its own after it" for r in error.failed_after]
     stopped = [r for r in range(world_size) if r != error.rank and r not in error.failed_after]

@@ -21,11 +21,10 @@ import time
 from typing import Dict, List
 
 from ddp_tutorial.launcher import LaunchTimeout, warm_ready, launch, worker_script
-from ddp_tutorial.lessons import script_source
+from ddp_tutorial.lessons import rank_results as part_records, script_source
 from ddp_tutorial.lessons.build_ddp.overlap import (  # noqa: F401
-    _step_numbers, busy, cap25_buckets, ddp_overlap, describe_overlap, fastest, find_unused_cost,
-    format_side_by_side, overlap_summary, timeline)
-from ddp_tutorial.lessons.build_ddp.records import NAMES, VERSIONS, part_records
+    NAMES, VERSIONS, _step_numbers, busy, cap25_buckets, ddp_overlap, describe_overlap, fastest,
+    find_unused_cost, format_side_by_side, overlap_summary, timeline)
 from ddp_tutorial.lessons.table import text_table
 from ddp_tutorial.runfolder import Run
 
@@ -49,12 +48,8 @@ def run_lab(world_size: int = 4, steps: int = 5, timeout: float = 120.0, progres
             **launch_kwargs) -> Run:
     """Launch ``build_ddp_lab.py`` (construct, exact, overlap, cases) on ``world_size`` ranks (gloo, CPU).
 
-    Args:
-        world_size: ranks; ``exact`` runs W = 2, 3 and 4 in groups of ranks 0..W-1 (those up to it).
-        steps: SGD steps of ``exact``.
-        timeout: seconds before the launch counts as hung.
-        progress: print each part as rank 0 finishes it, and the time the launch took.
-        **launch_kwargs: passed to ``launch`` (``run_dir``, ``env``, ...).
+    ``exact`` runs ``steps`` SGD steps at W = 2, 3 and 4, in groups of ranks 0..W-1 (those up to
+    ``world_size``); ``progress`` prints each part as rank 0 finishes it, and the launch's time.
     """
     t0 = time.monotonic()
     run = launch(SCRIPT, world_size, ["--parts", ",".join(PARTS), "--steps", str(steps)], timeout=timeout,

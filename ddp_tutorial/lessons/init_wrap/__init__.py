@@ -25,12 +25,8 @@ def run_init_demo(world_size: int, threads: int = 1, echo: str = "none", extra_a
                   **launch_kwargs):
     """Launch ``init_demo.py`` (time init, all_reduce rank + 1) and return its ``Run``.
 
-    Args:
-        world_size: number of ranks.
-        threads: torch threads per rank (0: as the process started, i.e. OMP_NUM_THREADS).
-        echo: which ranks' output to print.
-        extra_args: more flags of ``init_demo.py`` (e.g. ``--pg-timeout 5``).
-        **launch_kwargs: passed to ``launch`` (e.g. ``timeout``, ``env``, ``master_port``).
+    ``threads``: torch threads per rank (0: as the process started, i.e. OMP_NUM_THREADS);
+    ``extra_args``: more flags of ``init_demo.py``; the rest goes to ``launch``.
     """
     launch_kwargs.setdefault("timeout", 60)
     return launch(INIT_SCRIPT, world_size, ["--threads", str(threads), *extra_args], echo=echo, **launch_kwargs)
@@ -129,20 +125,8 @@ def launch_wrong_world_size(world_size: int = 2, claimed: int = 3, pg_timeout: f
     from that rank's own call, instead of gloo's default 30 minutes. The rank that gives up
     first raises ``DistStoreError: wait timeout``, and ``launch`` stops the other one.
     Every rank must reach init within ``pg_timeout`` s of the first, or it is stopped before
-    it gets there: two ranks started together do, even on a busy machine.
-
-    Args:
-        world_size: ranks started.
-        claimed: the WORLD_SIZE they are told.
-        pg_timeout: ``init_process_group``'s timeout, in seconds.
-        timeout: ``launch``'s deadline, a safety net only.
-
-    Returns:
-        The ``WorkerError`` of the first rank that timed out (caught here, so a notebook
-        checks this launch's error and no other).
-
-    Raises:
-        RuntimeError: the launch finished, or stopped in another way.
+    it gets there: two ranks started together do, even on a busy machine. ``timeout`` is
+    ``launch``'s deadline, a safety net only. Raises RuntimeError if the launch ends otherwise.
     """
     try:
         run_init_demo(world_size, echo="all", env={"WORLD_SIZE": str(claimed)}, timeout=timeout,
@@ -188,14 +172,8 @@ def is_address_in_use(err: WorkerError) -> bool:
 # -- Notebook 02: DDP(model) ---------------------------------------------------
 def run_wrap_demo(world_size: int = 2, bucket_caps: Sequence[float] = (25, 1, 0.5, 0.25, 0.1),
                   echo: str = "rank0", **launch_kwargs):
-    """Launch ``wrap_demo.py``: broadcast at construction, gradient averaging, buckets.
-
-    Args:
-        world_size: number of ranks.
-        bucket_caps: ``bucket_cap_mb`` values to try on the deep model.
-        echo: which ranks' output to print.
-        **launch_kwargs: passed to ``launch`` (e.g. ``timeout``, ``run_dir``).
-    """
+    """Launch ``wrap_demo.py``: broadcast at construction, gradient averaging, and buckets for each
+    ``bucket_cap_mb`` in ``bucket_caps`` on the deep model; the rest goes to ``launch``."""
     launch_kwargs.setdefault("timeout", 120)
     args = ["--bucket-caps", *[str(c) for c in bucket_caps]]
     return launch(WRAP_SCRIPT, world_size, args, echo=echo, **launch_kwargs)

@@ -44,14 +44,9 @@ from ddp_tutorial.lessons.pitfalls.hang import (  # noqa: F401
 # -- Recap -------------------------------------------------------------------------
 def recap(bn: dict, unused: dict, ckpt: dict, evaluation: dict, seeding: dict, lr: dict, clipping: dict,
           hang: Dict[str, dict]) -> List[dict]:
-    """Per pitfall, the measured symptom and the measured effect of the fix, as text.
-
-    Args:
-        bn, unused, ckpt, seeding, lr, clipping: the summaries above.
-        evaluation: one row of ``evaluation_rows``.
-        hang: ``shape_mismatch`` and ``missing_rank`` results under keys
-            ``mismatch``, ``mismatch_detail``, ``barrier``, ``monitored``.
-    """
+    """Per pitfall, the measured symptom and the measured effect of the fix, as text: from the
+    summaries above, one row of ``evaluation_rows``, and in ``hang`` the ``shape_mismatch`` and
+    ``missing_rank`` results (``mismatch``, ``mismatch_detail``, ``barrier``, ``monitored``)."""
     fu = unused["cost"]["paired_cpu"]["find_unused_parameters"]
     sd, pd = seeding["dropout"]["same_seed"], seeding["dropout"]["per_rank_seed"]
     ss, ps = seeding["sampler"]["same_seed"], seeding["sampler"]["per_rank_seed"]

@@ -28,16 +28,7 @@ def show(name: str, function: str) -> None:
 # -- Launching ---------------------------------------------------------------------
 def run_pitfall(name: str, world_size: int = 2, args: Sequence = (), timeout: float = 120.0,
                 echo: str = "none", **launch_kwargs) -> Run:
-    """Launch pitfall ``name``'s worker script on ``world_size`` ranks and return its ``Run``.
-
-    Args:
-        name: one of ``PITFALLS``.
-        world_size: number of ranks.
-        args: flags for the script (see its docstring).
-        timeout: seconds before the launch counts as hung.
-        echo: which ranks' output to print.
-        **launch_kwargs: passed to ``launch`` (e.g. ``env``, ``backend``, ``run_dir``).
-    """
+    """Launch pitfall ``name``'s script with ``args`` (its docstring's) on ``world_size`` ranks."""
     return launch(script(name), world_size, [str(a) for a in args], timeout=timeout, echo=echo,
                   **launch_kwargs)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-from ddp_tutorial.lessons.pitfalls.common import per_rank, ranks_agree, records
+from ddp_tutorial.lessons.pitfalls.common import ranks_agree, records
 from ddp_tutorial.lessons.table import text_table
 from ddp_tutorial.runfolder import Run
 

@@ -6,7 +6,7 @@ import textwrap
 
 from ddp_tutorial.launcher import LaunchError
 from ddp_tutorial.lessons import headline
-from ddp_tutorial.lessons.pitfalls.common import expect_failure, script
+from ddp_tutorial.lessons.pitfalls.common import expect_failure
 
 
 def failure_summary(err: LaunchError) -> dict:

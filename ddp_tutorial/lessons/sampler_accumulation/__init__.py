@@ -8,6 +8,7 @@ sync schedules are compiled from the scripts' own source (``lessons.script_funct
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from typing import Dict, List, Optional, Sequence
@@ -25,16 +26,8 @@ SAMPLER_SCRIPT = worker_script(__file__, "sampler_demo.py")
 # -- Lesson 03: DistributedSampler ----------------------------------------------
 def run_sampler_demo(world_size: int = 4, dataset_size: int = 24, epochs: int = 3,
                      padding_size: int = 10, echo: str = "rank0", timeout: float = 60.0) -> Run:
-    """Launch ``sampler_demo.py``: each rank reports its orders, padding and data fingerprints.
-
-    Args:
-        world_size: number of ranks.
-        dataset_size: samples in the dataset whose per-epoch orders are shown.
-        epochs: epochs to draw orders for.
-        padding_size: samples in the dataset of the padding example (not divisible by ``world_size``).
-        echo: which ranks' output to print.
-        timeout: seconds before the launch counts as hung.
-    """
+    """Launch ``sampler_demo.py``: each rank reports its orders over ``epochs`` of a
+    ``dataset_size`` dataset, the padding of a ``padding_size`` one, and its data fingerprints."""
     return launch(SAMPLER_SCRIPT, world_size, ["--dataset-size", dataset_size, "--epochs", epochs,
                                                "--padding-size", padding_size],
                   echo=echo, timeout=timeout)
@@ -145,6 +138,26 @@ def train(world_size: int, args: Sequence[str], echo: str = "rank0", timeout: fl
     return launch(TRAIN_SCRIPT, world_size, args, echo=echo, timeout=timeout)
 
 
+TRAIN_RUNS_SCRIPT = worker_script(__file__, "train_runs.py")
+
+
+def train_runs(world_size: int, runs: Dict[str, Sequence[str]], one_process: Sequence[str] = (),
+               echo: str = "rank0", timeout: float = 300.0) -> Dict[str, Run]:
+    """Several runs of ``train.py`` in one launch (``train_runs.py``): name -> its ``Run``.
+
+    Each run is ``train.main`` with its flags and a run folder of its own; the ranks start and
+    join the group once for all. Starting ranks costs more than these tiny runs.
+
+    Args:
+        world_size: ranks of every run, except those in ``one_process``: one plain process.
+        runs: run name -> train.py's flags (``train_args``).
+    """
+    spec = {name: [1 if name in one_process else world_size, [str(a) for a in flags]]
+            for name, flags in runs.items()}
+    launched = launch(TRAIN_RUNS_SCRIPT, world_size, [json.dumps(spec)], echo=echo, timeout=timeout)
+    return {rec["run"]: Run(launched.run_dir / rec["folder"]) for rec in launched.results(0)}
+
+
 def num_buckets(run: Run, rank: int = 0) -> int:
     """Gradient buckets DDP all-reduces per sync (after its first-iteration rebuild).
 
@@ -225,9 +238,17 @@ def window_means(curve: Sequence[float], window: int = 16) -> List[float]:
     return [sum(curve[i:i + window]) / len(curve[i:i + window]) for i in range(0, len(curve), window)]
 
 
-def loss_scaling_stability(lr: float = 0.4, accum_steps: int = 4, epochs: int = 4,
-                           world_size: int = 2) -> Dict[str, Dict[str, object]]:
-    """Train at ``lr`` twice, the loss divided by K and not: does each run stay finite and learn?
+def loss_scaling_runs(lr: float = 0.4, accum_steps: int = 4,
+                      epochs: int = 4) -> Dict[str, List[str]]:
+    """The two runs of ``loss_scaling_stability`` for ``train_runs``: at ``lr``, the loss divided
+    by K and not."""
+    args = train_args(accum_steps, "--lr", lr, epochs=epochs)
+    return {f"lr {lr:g}, divided by K": args,
+            f"lr {lr:g}, not divided": args + ["--bug", "loss-not-scaled"]}
+
+
+def loss_scaling_stability(runs: Dict[str, Run], lr: float = 0.4) -> Dict[str, Dict[str, object]]:
+    """The runs of ``loss_scaling_runs(lr)``: does each stay finite and learn?
 
     Not dividing by K multiplies every update by K: the run is the divided one at K times the
     learning rate. A rate the divided run trains well at is then K times larger than intended.
@@ -238,9 +259,8 @@ def loss_scaling_stability(lr: float = 0.4, accum_steps: int = 4, epochs: int = 
         (no inf or nan anywhere), ``peak`` (the largest finite loss).
     """
     summary = {}
-    for label, bug in (("divided by K", ()), ("not divided", ("--bug", "loss-not-scaled"))):
-        run = train(world_size, train_args(accum_steps, "--lr", lr, *bug, epochs=epochs), echo="none")
-        curve = run.mean_loss_curve()
+    for label in ("divided by K", "not divided"):
+        curve = runs[f"lr {lr:g}, {label}"].mean_loss_curve()
         finite = [x for x in curve if math.isfinite(x)]
         summary[label] = {"curve": curve, "start": sum(curve[:8]) / 8, "end": sum(curve[-8:]) / 8,
                           "finite": len(finite) == len(curve), "peak": max(finite)}
@@ -305,16 +325,17 @@ def sync_alignment(run: Run) -> Dict[str, float]:
 SCHEDULE_SCRIPT = worker_script(__file__, "schedule_demo.py")
 
 
-def run_schedule_demo(bug: bool, micro_per_epoch: int = 6, accum_steps: int = 4, epochs: int = 2,
-                      world_size: int = 2, timeout: float = 60.0) -> Dict[str, object]:
+def run_schedule_demo(micro_per_epoch: int = 6, accum_steps: int = 4, epochs: int = 2,
+                      world_size: int = 2, timeout: float = 60.0) -> Dict[str, Dict[str, object]]:
     """Launch ``schedule_demo.py``: per optimizer step, exactly which micro-batches it applied.
 
-    Returns rank 0's report: ``steps`` (``epoch``, ``micro``, ``applied`` as
-    ``[rank, epoch, micro]`` lists) and ``lost`` (per rank, micro-batches never applied).
+    Returns rank 0's report per schedule, ``"original"`` and ``"fixed"``: ``steps`` (``epoch``,
+    ``micro``, ``applied`` as ``[rank, epoch, micro]`` lists) and ``lost`` (per rank,
+    micro-batches never applied).
     """
-    args = ["--micro", str(micro_per_epoch), "--accum-steps", str(accum_steps), "--epochs", str(epochs)]
-    run = launch(SCHEDULE_SCRIPT, world_size, args + ["--bug"] * bug, echo="none", timeout=timeout)
-    return run.results(0)[-1]
+    args = ["--micro", micro_per_epoch, "--accum-steps", accum_steps, "--epochs", epochs]
+    run = launch(SCHEDULE_SCRIPT, world_size, args, echo="none", timeout=timeout)
+    return {report["schedule"]: report for report in run.results(0)}
 
 
 def applied_micro_batches(report: Dict[str, object], rank: int = 0) -> List[List[tuple]]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Dict, List, Sequence
 
 from ddp_tutorial.launcher import launch, worker_script
-from ddp_tutorial.lessons import script_source
+from ddp_tutorial.lessons import rank_results, script_source
 from ddp_tutorial.lessons.table import text_table
 from ddp_tutorial.runfolder import Run
 
@@ -36,15 +36,8 @@ def show(function: str) -> None:
 
 def run_lab(parts: Sequence[str] = PARTS, world_size: int = 2, steps: int = 8, timeout: float = 120.0,
             **launch_kwargs) -> Run:
-    """Launch ``sharding_lab.py`` on ``world_size`` ranks (gloo, CPU) and return its ``Run``.
-
-    Args:
-        parts: which measurements (see the script's docstring).
-        world_size: ranks; every part runs on all of them.
-        steps: training steps of the ``zero`` and ``fsdp`` parts.
-        timeout: seconds before the launch counts as hung.
-        **launch_kwargs: passed to ``launch`` (``run_dir``, ``env``, ...).
-    """
+    """Launch ``sharding_lab.py`` on ``world_size`` ranks (gloo, CPU) and return its ``Run``:
+    ``parts`` as in the script's docstring, ``steps`` of training in ``zero`` and ``fsdp``."""
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         raise ValueError(f"no part(s) {unknown}; one of {', '.join(PARTS)}")
@@ -52,13 +45,9 @@ def run_lab(parts: Sequence[str] = PARTS, world_size: int = 2, steps: int = 8, t
                   echo="none", **launch_kwargs)
 
 
-def _records(run: Run, part: str) -> Dict[int, List[dict]]:
-    return {rank: [r for r in run.results(rank) if r.get("part") == part] for rank in range(run.world_size)}
-
-
 def _one(run: Run, part: str) -> Dict[int, dict]:
     """Rank -> its (single) record of ``part``."""
-    found = _records(run, part)
+    found = rank_results(run, part)
     missing = [rank for rank, recs in found.items() if not recs]
     if missing:
         raise KeyError(f"rank(s) {missing} reported no part {part!r} in {run.run_dir}")
@@ -69,7 +58,7 @@ def _one(run: Run, part: str) -> Dict[int, dict]:
 def memory_table(run: Run) -> Dict[str, Dict[str, Dict[int, dict]]]:
     """model -> strategy -> rank -> what that rank held after one step (bytes, elements, partition)."""
     table: Dict[str, Dict[str, Dict[int, dict]]] = {}
-    for rank, recs in _records(run, "memory").items():
+    for rank, recs in rank_results(run, "memory").items():
         for rec in recs:
             table.setdefault(rec["model"], {}).setdefault(rec["strategy"], {})[rank] = rec
     return table
@@ -331,7 +320,7 @@ def report(run: Run) -> str:
     """The lab's tables as text (``python -m ddp_tutorial.bench --sharding`` prints it)."""
     memory = memory_table(run)
     sections = [format_memory(memory), format_comm(comm_per_step(run))]
-    if _records(run, "compress")[0]:
+    if rank_results(run, "compress")[0]:
         sections.append(format_compress(compress_summary(run)))
     per_param = bytes_per_parameter(memory)
     sections.append(format_calculator(calculator([1e9, 7e9], 8, 80, per_param), 8, 80,

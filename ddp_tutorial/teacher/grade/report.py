@@ -15,7 +15,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import asdict
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List
 
 from ddp_tutorial.exercises import NAMES
 

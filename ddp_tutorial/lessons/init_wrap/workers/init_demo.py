@@ -1,7 +1,6 @@
 """Step 1 up close: time init_process_group, do one all_reduce of rank + 1, report both.
 
     torchrun --standalone --nproc-per-node 4 ddp_tutorial/lessons/init_wrap/workers/init_demo.py
-    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('init_demo.py'), 4)"
 
 Each rank prints one line and, under ``launch``, reports (``run.result(rank, key)``):
 ``arrive_time`` and ``done_time`` (wall clock before and after init), ``init_s``,

@@ -1,7 +1,6 @@
 """Step 2 up close: what DDP(model) does at construction, in backward, and with buckets.
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/init_wrap/workers/wrap_demo.py
-    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('wrap_demo.py'), 2)"
 
 Three measurements in one run, each handed back with ``report`` under a ``part`` key:
 

@@ -1,7 +1,6 @@
 """Pitfall 1: BatchNorm under DDP. Whose statistics does each rank keep?
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_batchnorm.py
-    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('pitfall_batchnorm.py'), 2)"
 
 The model is Linear -> BatchNorm1d -> ReLU -> Linear. Every rank starts from the
 same seed and trains ``--steps`` SGD steps on its shard of the same global
@@ -26,7 +25,6 @@ Each training part reports the final ``running_mean``, ``running_var``,
 ``params`` and ``eval_out`` (the model in eval mode on a fixed validation batch).
 
 Flags: ``--steps 6 --batch-size 8 --lr 0.1 --seed 0 --device cpu`` (``cuda``: nccl, one GPU per rank).
-Also ``--pg-timeout 60``: seconds a collective may wait for the other ranks.
 """
 
 import argparse
@@ -113,12 +111,8 @@ def buffer_sync(flag: bool) -> dict:
 
 
 def train_part(model, args, rank: int, world_size: int, device, sharded: bool = True) -> dict:
-    """Train ``--steps`` SGD steps; return the final statistics, parameters and eval outputs.
-
-    Args:
-        model: a DDP model (sharded) or a plain one (the whole global batch each step).
-        sharded: train on this rank's shard (DDP) or on the whole global batch (reference).
-    """
+    """Train ``--steps`` SGD steps, a DDP ``model`` on this rank's shard (``sharded``) or a plain
+    one on the whole global batch; return the final statistics, parameters and eval outputs."""
     inner = model.module if isinstance(model, DDP) else model
     bn = inner[1]
     starts, batch_means = [], []

@@ -1,7 +1,6 @@
 """Pitfall 3: saving a DDP model and loading it again.
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_checkpoint.py
-    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('pitfall_checkpoint.py'), 2)"
 
 Every rank trains a DDP model a few steps, then (files in the run folder):
 
@@ -15,7 +14,6 @@ Every rank trains a DDP model a few steps, then (files in the run folder):
   are bit-identical to the live ones, and the device each tensor was saved from.
 
 Flags: ``--steps 3 --seed 0``.
-Also ``--pg-timeout 60``: seconds a collective may wait for the other ranks.
 """
 
 import os

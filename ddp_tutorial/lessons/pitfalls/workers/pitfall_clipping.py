@@ -1,7 +1,6 @@
 """Pitfall 7: gradient clipping with accumulation: once, after the all-reduce.
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_clipping.py
-    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('pitfall_clipping.py'), 2)"
 
 Every rank trains two DDP models with K = ``--accum-steps`` micro-steps per
 optimizer step (``no_sync`` on the first K - 1) and ``clip_grad_norm_(max_norm)``:
@@ -18,7 +17,6 @@ process (``max_diff``, rank 0), the gradient norms its clips saw (``norms``),
 and a digest of its parameters (ranks agree in both variants).
 
 Flags: ``--steps 4 --accum-steps 4 --batch-size 4 --max-norm 0.1 --lr 0.5 --seed 0``.
-Also ``--pg-timeout 60``: seconds a collective may wait for the other ranks.
 """
 
 import contextlib

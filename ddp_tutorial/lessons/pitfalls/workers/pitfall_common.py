@@ -3,7 +3,8 @@
 Every pitfall script is a plain worker: it reads RANK and WORLD_SIZE from the
 environment (``launch`` or torchrun set them), joins a gloo group, runs its
 parts, hands each part's measurements back with ``runfolder.report`` under its
-``pitfall`` name and a ``part`` key, and leaves the group::
+``pitfall`` name and a ``part`` key, and leaves the group. Every script also takes
+``--pg-timeout 60``: seconds a collective may wait for the other ranks::
 
     report = reporter("name")
 
@@ -32,13 +33,8 @@ from ddp_tutorial import runfolder
 
 
 def run(body: Callable, parser: argparse.ArgumentParser, backend: str = "gloo") -> int:
-    """Parse the flags, join the group, run ``body(args, rank, world_size)``, always leave the group.
-
-    Args:
-        body: the script's work; every rank calls it.
-        parser: the script's flags; ``--pg-timeout`` (seconds a collective may wait) is added.
-        backend: the default backend (``--device cuda`` switches to nccl).
-    """
+    """Parse the flags (``parser``'s, and ``--pg-timeout``), join the group (``backend``, or nccl
+    with ``--device cuda``), run ``body(args, rank, world_size)``, always leave the group."""
     parser.add_argument("--pg-timeout", type=float, default=60.0,
                         help="seconds a collective may wait for the other ranks")
     args = parser.parse_args()

@@ -1,7 +1,6 @@
 """Pitfall 4: validation accuracy over DistributedSampler's padded shards.
 
     torchrun --standalone --nproc-per-node 4 ddp_tutorial/lessons/pitfalls/workers/pitfall_evaluation.py
-    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('pitfall_evaluation.py'), 4)"
 
 A fixed classifier is evaluated on validation sets of each ``--sizes`` value.
 When the world size does not divide the size, ``DistributedSampler`` pads the
@@ -17,7 +16,6 @@ combine them:
 Rank 0 also reports ``true``: the accuracy of one process on the whole set.
 
 Flags: ``--sizes 10 [more sizes] --seed 0``.
-Also ``--pg-timeout 60``: seconds a collective may wait for the other ranks.
 """
 
 import argparse

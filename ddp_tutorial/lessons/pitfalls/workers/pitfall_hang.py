@@ -21,7 +21,6 @@ Both cases fail on purpose; run them under a deadline (``launch(..., timeout=...
   ``dist.monitored_barrier``, which names the rank that did not arrive.
 
 Flags: ``--case mismatch|missing``, ``--monitored``, ``--wait-timeout 2``.
-Also ``--pg-timeout 60``: seconds a collective may wait for the other ranks.
 """
 
 import argparse

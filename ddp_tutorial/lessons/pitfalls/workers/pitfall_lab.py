@@ -1,7 +1,6 @@
 """Several pitfall scripts on one set of ranks: each script's ``body`` in turn, in one process group.
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_lab.py batchnorm unused lr
-    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('pitfall_lab.py'), 2, ['batchnorm', 'lr'])"
 
 Starting ranks costs more than these pitfalls themselves: every rank imports
 torch, and DDP's first use imports more. Run alone, each script pays that once;

@@ -1,7 +1,6 @@
 """Pitfall 6: more ranks, a larger global batch: the learning rate must follow.
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_lr.py
-    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('pitfall_lr.py'), 2)"
 
 The global batch is world size x per-rank batch x accumulation steps (W*b*K;
 here K = 1). Every rank trains two DDP models side by side on the same data,
@@ -17,7 +16,6 @@ sample order: after each DDP step it has seen the same samples. Rank 0 reports
 step, against the number of samples seen.
 
 Flags: ``--lr 0.1 --batch-size 8 --dataset-size 512 --epochs 3 --warmup-steps 8 --seed 0``.
-Also ``--pg-timeout 60``: seconds a collective may wait for the other ranks.
 """
 
 import sys

@@ -1,7 +1,6 @@
 """Pitfall 5: which seeds must match across ranks, and which must differ.
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_seeding.py
-    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('pitfall_seeding.py'), 2)"
 
 One ``report`` per part and rank:
 
@@ -13,7 +12,6 @@ One ``report`` per part and rank:
   (``same_seed``) and after ``torch.manual_seed(seed + rank)`` (``per_rank_seed``).
 
 Flags: ``--dataset-size 16 --batch-size 4 --steps 3 --seed 0``.
-Also ``--pg-timeout 60``: seconds a collective may wait for the other ranks.
 """
 
 import sys

@@ -1,7 +1,6 @@
 """Pitfall 2: parameters that some steps do not use.
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_unused.py
-    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('pitfall_unused.py'), 2)"
 
 ``Branchy`` has an auxiliary head that only even steps use (schedule
 ``alternate``) or that training never uses (``never``). One ``report`` per part and rank:
@@ -22,7 +21,6 @@
   turn, ``--cost-steps`` times: per step, wall time and this thread's CPU time.
 
 Flags: ``--steps 6 --batch-size 8 --lr 0.1 --seed 0 --cost-steps 60 --cost-layers 32``.
-Also ``--pg-timeout 60``: seconds a collective may wait for the other ranks.
 """
 
 import sys

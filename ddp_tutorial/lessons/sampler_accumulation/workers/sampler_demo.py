@@ -1,7 +1,6 @@
 """What DistributedSampler hands each rank: per-epoch orders, padding, and per-rank data.
 
     torchrun --standalone --nproc-per-node 4 ddp_tutorial/lessons/sampler_accumulation/workers/sampler_demo.py
-    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('sampler_demo.py'), 4)"
 
 Flags: ``--dataset-size 24 --epochs 3 --padding-size 10 --data-size 64 --seed 0``.
 Each rank reports (``run.result(rank, key)``):

@@ -1,6 +1,7 @@
 """Which micro-batches reach an optimizer step under a step schedule, measured exactly.
 
-    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('schedule_demo.py'), 2, ['--bug'])"
+    torchrun --standalone --nproc-per-node 2 \
+        ddp_tutorial/lessons/sampler_accumulation/workers/schedule_demo.py
 
 A one-weight model ``y = w * x`` in float64, wrapped in DDP. Micro-batch ``i`` of
 epoch ``e`` on rank ``r`` feeds ``x = 2 ** bit(r, e, i)``, so its gradient is that
@@ -10,14 +11,14 @@ the world size gives back the sum of tags, and its bits name **exactly** the
 micro-batches (of every rank) that an optimizer step applied. What is left in
 ``.grad`` after the last epoch was never applied.
 
-The loop is the kit's step 4 with the schedule of ``train.sync_schedule`` (or, with
-``--bug``, ``original.sync_schedule``): the micro-batches that do not sync run
-forward and backward inside ``no_sync()``.
-Rank 0 reports ``steps`` (one entry per optimizer step: epoch, micro-batch,
-and the ``[rank, epoch, micro]`` it applied) and ``lost`` (per rank, never applied).
+The loop is the kit's step 4, run twice on a fresh model: with the schedule of
+``original.sync_schedule`` (sync when ``i % K == 0``), then ``train.sync_schedule``; the
+micro-batches that do not sync run forward and backward inside ``no_sync()``.
+Per schedule, rank 0 reports ``schedule`` ("original" or "fixed"), ``steps`` (one entry per
+optimizer step: epoch, micro-batch, and the ``[rank, epoch, micro]`` it applied) and ``lost``
+(per rank, never applied).
 
 Flags:
-    --bug            the original schedule: sync when ``i % K == 0``
     --micro N        micro-batches per epoch (default 6)
     --accum-steps K  (default 4)
     --epochs E       (default 2)
@@ -53,9 +54,28 @@ def decode(total: float, world_size: int, micro_per_epoch: int):
     return found
 
 
+def applied_per_step(model, schedule, rank: int, world_size: int, args):
+    """Train under ``schedule``: per optimizer step the ``[rank, epoch, micro]`` it applied, and
+    per rank those never applied."""
+    weight, steps = model.module.weight, []
+    for epoch in range(args.epochs):
+        for micro, sync in enumerate(schedule(args.micro, args.accum_steps)):
+            tag = 2.0 ** bit(rank, epoch, micro, world_size, args.micro)
+            x = torch.tensor([[tag]], dtype=torch.float64)
+            with contextlib.nullcontext() if sync else model.no_sync():
+                model(x).sum().backward()  # d/dw (w * x) = x: this micro-batch's tag
+            if sync:  # DDP averaged over ranks: times world_size is the sum of the tags
+                applied = decode(weight.grad.item() * world_size, world_size, args.micro)
+                steps.append({"epoch": epoch, "micro": micro, "applied": applied})
+                model.zero_grad(set_to_none=True)  # the optimizer step would go here
+    left = weight.grad.item() if weight.grad is not None else 0.0  # local: never all-reduced
+    lost = [None] * world_size
+    dist.all_gather_object(lost, decode(left, world_size, args.micro))
+    return steps, lost
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--bug", action="store_true")
     p.add_argument("--micro", type=int, default=6)
     p.add_argument("--accum-steps", type=int, default=4)
     p.add_argument("--epochs", type=int, default=2)
@@ -64,28 +84,15 @@ def main() -> None:
     dist.init_process_group("gloo")
     try:
         rank, world_size = dist.get_rank(), dist.get_world_size()
-        model = DDP(nn.Linear(1, 1, bias=False).double())
-        weight = model.module.weight
-        steps = []
-        for epoch in range(args.epochs):
-            plan = (original if args.bug else train).sync_schedule(args.micro, args.accum_steps)
-            for micro, sync in enumerate(plan):
-                x = torch.tensor([[2.0 ** bit(rank, epoch, micro, world_size, args.micro)]], dtype=torch.float64)
-                with contextlib.nullcontext() if sync else model.no_sync():
-                    model(x).sum().backward()  # d/dw (w * x) = x: this micro-batch's tag
-                if sync:  # DDP averaged over ranks: times world_size is the sum of the tags
-                    steps.append({"epoch": epoch, "micro": micro,
-                                  "applied": decode(weight.grad.item() * world_size, world_size, args.micro)})
-                    model.zero_grad(set_to_none=True)  # the optimizer step would go here
-        left = weight.grad.item() if weight.grad is not None else 0.0  # local: never all-reduced
-        lost = [None] * world_size
-        dist.all_gather_object(lost, decode(left, world_size, args.micro))
-        if rank == 0:
-            report({"steps": steps, "lost": lost, "bug": args.bug, "micro_per_epoch": args.micro,
-                    "accum_steps": args.accum_steps, "epochs": args.epochs, "world_size": world_size})
-            for s in steps:
-                print(f"step after epoch {s['epoch']} micro {s['micro']}: applied "
-                      f"{len(s['applied'])} micro-batches", flush=True)
+        for name, schedule in (("original", original.sync_schedule),
+                               ("fixed", train.sync_schedule)):
+            steps, lost = applied_per_step(DDP(nn.Linear(1, 1, bias=False).double()), schedule,
+                                           rank, world_size, args)
+            if rank == 0:
+                report({"schedule": name, "steps": steps, "lost": lost})
+                for s in steps:
+                    print(f"{name}: step after epoch {s['epoch']} micro {s['micro']}: applied "
+                          f"{len(s['applied'])} micro-batches", flush=True)
     finally:
         dist.destroy_process_group()
 

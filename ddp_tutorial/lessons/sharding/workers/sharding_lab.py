@@ -1,7 +1,6 @@
 """Where DDP stops: what each rank holds and sends under DDP, ZeRO-1, FSDP2 and compressed gradients.
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/sharding/workers/sharding_lab.py
-    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('sharding_lab.py'), 2)"
 
 Parts (``--parts``, comma-separated; each reports records with ``part`` = its name):
 

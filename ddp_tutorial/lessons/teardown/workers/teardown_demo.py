@@ -1,7 +1,6 @@
 """Why ``destroy_process_group`` matters: a process can join a new group only after it.
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/teardown/workers/teardown_demo.py
-    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('teardown_demo.py'), 2)"
 
 Each rank joins the group, then calls ``init_process_group`` a second time
 without leaving (it fails: the default group exists), then calls

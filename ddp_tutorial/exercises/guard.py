@@ -4,7 +4,7 @@
 socket (``start.launcher_watch``). It reads end-of-file when the launcher is gone, however
 it ended; the guard then kills its group, the command and what it started (torchrun
 and its agent, say). Otherwise it waits for the command and exits as it did. SIGTERM is
-for the command (``procgroup.stop_session`` signals the whole group): the guard outlives it.
+for the command (``sessions.stop`` signals the whole group): the guard outlives it.
 Standard library only, and nothing of the package: it starts in about 20 ms.
 """
 
@@ -29,7 +29,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C is for the launcher
     threading.Thread(target=_kill_group_at_eof, args=(fd,), daemon=True).start()
-    # The command gets the default handlers back (exec resets handled signals; ignored ones would stay).
+    # The command gets the default handlers back (exec resets handled signals, not ignored ones).
     command = subprocess.Popen(sys.argv[2:], restore_signals=True,
                                preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL)
                                                    for s in (signal.SIGTERM, signal.SIGINT)])

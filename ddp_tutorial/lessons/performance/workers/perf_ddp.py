@@ -1,0 +1,325 @@
+"""Measure what DDP itself costs, in one process group: buckets, overlap, accumulation, our timing.
+
+    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('perf_ddp.py'), 2, ['--quick'])"
+
+The model is a deep, narrow MLP: many small parameter tensors, as the DDP paper uses to show
+why gradients are bucketed. Rank 0 reports each section (``measure_<section>``) under its own
+key: ``buckets``, ``overlap`` (whose way without communication gives ``compute``, seconds per
+sample), ``accumulation``, ``overhead`` (of the kit's hooks) and ``fidelity`` (of SyncTimer).
+"""
+
+import argparse
+import copy
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_tutorial.rank.hooks import NO_HOOKS
+from ddp_tutorial.rank.instrument import Instrument
+from ddp_tutorial.rank.timing import SyncTimer
+from ddp_tutorial.runfolder import MetricsWriter, rank_run_dir, report
+from ddp_tutorial.train import (init_process_group, loss_fn, make_dataset, make_inputs, make_loader,
+                                start_epoch, teardown, train_epoch)
+
+
+# -- What the sections share --------------------------------------------------------------------
+def deep_model(width: int, depth: int) -> nn.Sequential:
+    """10 -> width -> ... -> 20, ``depth`` hidden layers of width x width: two tensors each."""
+    layers = [nn.Linear(10, width), nn.ReLU()]
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 20))
+
+
+def sync_device(device) -> None:
+    """Wait for the GPU, so a wall-clock reading includes its work (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class StepLog(list):
+    """The step records of ``instrument.Instrument``, in memory (it needs only ``write``)."""
+
+    def write(self, record):
+        if record["kind"] == "step":
+            self.append(record)
+
+
+def one_epoch(env, batch_size: int, micro_steps: int):
+    """Step 3 for an epoch of exactly ``micro_steps`` micro-batches per rank: the loader."""
+    dataset = make_dataset(make_inputs(env.world_size * batch_size * micro_steps, 0), 0)
+    loader, sampler = make_loader(dataset, env, batch_size, 0)
+    start_epoch(sampler, 0)
+    return loader
+
+
+def run_epoch(model, env, batch_size: int, accum_steps: int, micro_steps: int,
+              straggler_ms: float = 0.0) -> tuple:
+    """One epoch of ``micro_steps`` micro-batches per rank through the kit's real step 4 and its
+    hooks (each micro-step first sleeps 0..``straggler_ms`` ms): the wall seconds, the gradient
+    bytes this rank all-reduced (the sync timer counts them), the step records."""
+    loader = one_epoch(env, batch_size, micro_steps)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    log = StepLog()
+    hooks = Instrument(records=log, straggler_ms=straggler_ms)
+    hooks.start(env, model, optimizer, len(loader))
+    dist.barrier()
+    t0 = time.perf_counter()
+    train_epoch(model, loader, optimizer, loss_fn, accum_steps, 0, hooks)
+    sync_device(env.device)
+    return time.perf_counter() - t0, hooks.timer.sync.total_bytes, log
+
+
+def batches(env, batch_size: int, count: int, seed: int = 0):
+    """``count`` random (input, target) micro-batches on this rank's device, different per rank."""
+    g = torch.Generator().manual_seed(seed + env.rank)
+    return [(torch.randn(batch_size, 10, generator=g).to(env.device),
+             torch.randn(batch_size, 20, generator=g).to(env.device)) for _ in range(count)]
+
+
+def timed_steps(model, data, after_backward=None) -> dict:
+    """One step per micro-batch (forward, backward, ``after_backward``, SGD step), the medians:
+    ``step_s``, ``backward_s`` (under DDP: until its last all-reduce is done) and ``cpu_s``
+    (CPU seconds of the whole process per step: every thread, gloo's included)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    device = data[0][0].device
+    rows = []
+    dist.barrier()
+    for x, y in data:
+        t0, c0 = time.perf_counter(), time.process_time()
+        loss = nn.functional.mse_loss(model(x), y)
+        t1 = time.perf_counter()
+        loss.backward()  # under DDP this returns after the last bucket's all-reduce
+        sync_device(device)
+        t2 = time.perf_counter()
+        if after_backward is not None:
+            after_backward(model)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync_device(device)
+        rows.append({"step_s": time.perf_counter() - t0, "backward_s": t2 - t1,
+                     "cpu_s": time.process_time() - c0})
+    return medians(rows)
+
+
+def medians(rows) -> dict:
+    """The median of each key over a list of dicts of numbers."""
+    return {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+
+
+# -- Sections ------------------------------------------------------------------------------------
+def measure_buckets(new_model, env, caps_mb, batch_size: int, steps: int, rounds: int) -> list:
+    """For each ``bucket_cap_mb``: all-reduce calls per step (SyncTimer counts them), the times:
+    the caps take turns round by round on the same data, medians of ``rounds * steps`` steps."""
+    data = batches(env, batch_size, steps, seed=1)
+    models = {}
+    for cap in caps_mb:
+        model, timer = DDP(new_model(), bucket_cap_mb=cap), SyncTimer()
+        model.register_comm_hook(timer, SyncTimer.hook)
+        timed_steps(model, data[:2])  # DDP rebuilds its buckets after the first step
+        timer.start_step()
+        models[cap] = (model, timer)
+    per_round = {cap: [] for cap in caps_mb}
+    for _ in range(rounds):
+        for cap, (model, _) in models.items():
+            per_round[cap].append(timed_steps(model, data))
+    return [{"bucket_cap_mb": cap, "allreduce_calls_per_step": timer.calls / (rounds * steps),
+             "steps": rounds * steps, **medians(per_round[cap])}
+            for cap, (_, timer) in models.items()]
+
+
+def allreduce_each_gradient(model) -> None:
+    """By hand, after backward: one all-reduce per parameter, then average."""
+    world_size = dist.get_world_size()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad.div_(world_size)
+
+
+def allreduce_flat(model) -> None:
+    """By hand, after backward: every gradient into one flat tensor, one all-reduce, copied back."""
+    grads = [p.grad for p in model.parameters()]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat.div_(dist.get_world_size())
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def record_launch(launches: list, bucket):
+    """A comm hook: DDP's default all-reduce, and the time each bucket's all-reduce was launched."""
+    launches.append(time.perf_counter())
+    return default_hooks.allreduce_hook(None, bucket)
+
+
+def launches_during_backward(model, env, batch_size: int, steps: int = 3) -> dict:
+    """How many of DDP ``model``'s all-reduces start before backward computed its last gradient,
+    the first layer's (a tensor hook on its weight marks that moment): on the last of ``steps``
+    steps, as DDP rebuilds its buckets after the first one."""
+    launches, last_gradient = [], []
+    model.register_comm_hook(launches, record_launch)
+    first_weight = next(model.module.parameters())
+    first_weight.register_hook(lambda _: last_gradient.append(time.perf_counter()))
+    for x, y in batches(env, batch_size, steps, seed=3):
+        launches.clear()
+        last_gradient.clear()
+        nn.functional.mse_loss(model(x), y).backward()
+    return {"allreduces": len(launches),
+            "launched_before_last_gradient": sum(t < last_gradient[0] for t in launches)}
+
+
+def measure_overlap(new_model, env, bucket_cap_mb: float, batch_size: int, steps: int,
+                    rounds: int) -> dict:
+    """Four ways on the same data, taking turns round by round: DDP (several buckets, overlapped
+    with backward), an all-reduce per gradient or one flat all-reduce after backward, and no
+    communication (the compute alone); wall and CPU time per step."""
+    data = batches(env, batch_size, steps, seed=2)
+    ddp, plain = DDP(new_model(), bucket_cap_mb=bucket_cap_mb), new_model()
+    ways = {"ddp": (ddp, None), "per_gradient": (plain, allreduce_each_gradient),
+            "flat": (plain, allreduce_flat), "none": (plain, None)}
+    for model, after in ways.values():
+        timed_steps(model, data[:2], after)  # warm-up (and DDP's bucket rebuild)
+    per_round = {name: [] for name in ways}
+    for _ in range(rounds):
+        for name, (model, after) in ways.items():
+            per_round[name].append(timed_steps(model, data, after))
+    logging = ddp._get_ddp_logging_data()
+    return {**{f"{name}_{key}": value for name, rows in per_round.items()
+               for key, value in medians(rows).items()},
+            **{f"{key}_s": logging.get(key, 0) / 1e9 for key in (
+                "avg_backward_compute_comm_overlap_time", "avg_backward_comm_time",
+                "avg_backward_compute_time")},
+            **launches_during_backward(DDP(new_model(), bucket_cap_mb=bucket_cap_mb), env,
+                                       batch_size),
+            "bucket_cap_mb": bucket_cap_mb, "cores": os.cpu_count(), "ranks": env.world_size}
+
+
+def measure_accumulation(new_model, env, ks, straggler_ms_list, batch_size: int,
+                         optimizer_steps: int) -> list:
+    """Each K and straggler delay through ``train.train_epoch``: time per sample, transfer, wait."""
+    rows = []
+    for straggler_ms in straggler_ms_list:
+        for k in ks:
+            wall, allreduced, log = run_epoch(DDP(new_model()), env, batch_size, k,
+                                              k * optimizer_steps, straggler_ms)
+            micro_steps = len(log)
+            samples = micro_steps * batch_size * env.world_size
+            transfer_s, wait_s = split_sync(log)
+            rows.append({"accum_steps": k, "straggler_ms": straggler_ms,
+                         "s_per_sample": wall / samples,
+                         "transfer_s_per_optimizer_step": transfer_s,
+                         "wait_s_per_optimizer_step": wait_s,
+                         "transfer_s_per_sample": transfer_s / (k * batch_size * env.world_size),
+                         "allreduced_bytes_per_sample": allreduced / samples,
+                         "allreduce_calls_per_micro_step":
+                             sum(r["allreduce_calls"] for r in log) / micro_steps,
+                         "optimizer_steps": sum(r["optimizer_step"] for r in log),
+                         "micro_steps": micro_steps})
+    return rows
+
+
+def split_sync(records) -> tuple:
+    """(transfer, wait) seconds of an epoch's syncs, from every rank's sync times (notebook 07).
+
+    The smallest sync time over the ranks is the transfer, the largest minus the smallest the
+    wait. Transfer: the fastest optimizer step's (the all-reduce is the same every step; a busy
+    machine only ever adds time). Wait: the median over optimizer steps.
+    """
+    every_rank = [None] * dist.get_world_size()
+    dist.all_gather_object(every_rank, [r["sync_s"] for r in records if r["optimizer_step"]])
+    per_step = list(zip(*every_rank))
+    return (min(min(step) for step in per_step),
+            statistics.median(max(step) - min(step) for step in per_step))
+
+
+def measure_overhead(new_model, env, batch_size: int, steps: int, run_dir: str) -> dict:
+    """Step 4 with the kit's hooks (SyncTimer + a JSON line per step) vs without: one micro-step
+    of ``train.train_epoch`` each, taking turns (the order flips every pair), so a slow spell of
+    a shared machine hits both alike; the medians of ``steps`` steps, which a few descheduled
+    steps cannot move."""
+    loader = one_epoch(env, batch_size, 1)  # an "epoch" of exactly one micro-step
+    metrics = MetricsWriter(os.path.join(run_dir, "instrumented"), env.rank)
+    variants, times = {}, {"plain": [], "timed": []}
+    for name, hooks in (("plain", NO_HOOKS), ("timed", Instrument(records=metrics))):
+        model = DDP(new_model())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        hooks.start(env, model, optimizer, len(loader))
+        variants[name] = (model, optimizer, hooks)
+    dist.barrier()
+    for i in range(steps + 10):  # the first 10 warm up: bucket rebuild, allocator, first calls
+        for name in (("plain", "timed") if i % 2 == 0 else ("timed", "plain")):
+            model, optimizer, hooks = variants[name]
+            t0 = time.perf_counter()
+            train_epoch(model, loader, optimizer, loss_fn, 1, 0, hooks)
+            sync_device(env.device)
+            if i >= 10:
+                times[name].append(time.perf_counter() - t0)
+    metrics.close()
+    plain_s, timed_s = statistics.median(times["plain"]), statistics.median(times["timed"])
+    return {"plain_step_s": plain_s, "instrumented_step_s": timed_s,
+            "overhead": timed_s / plain_s - 1.0, "steps": steps}
+
+
+def measure_fidelity(new_model, env, batch_size: int) -> dict:
+    """SyncTimer vs DDP's logger on the same iterations. The logger records the backward of sync
+    iterations 1..10 (then every 100th), each when the next forward starts: after 11 steps, 0..9."""
+    model = DDP(new_model(), bucket_cap_mb=0.05)
+    log = run_epoch(model, env, batch_size, 1, 11)[-1]
+    ours = statistics.mean(r["sync_s"] for r in log[:10])
+    ddp_s = model._get_ddp_logging_data().get("avg_backward_comm_time", 0) / 1e9
+    return {"synctimer_s": ours, "ddp_logger_s": ddp_s,
+            "ratio": ours / ddp_s if ddp_s > 0 else float("nan")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps and settings")
+    parser.add_argument("--sections", nargs="*", help="the sections to run (default: all)")
+    parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    quick = args.quick
+    steps, rounds, stragglers = (8, 2, [0.0]) if quick else (30, 5, [0.0, 5.0])
+    caps = [0.001, 0.02, 0.05, 25] if quick else [0.0005, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 25]
+    env = init_process_group(args.backend)
+    try:
+        torch.manual_seed(0)
+        base = deep_model(width=64, depth=24)
+
+        def new_model():
+            return copy.deepcopy(base).to(env.device)
+
+        sections = {
+            "buckets": lambda: measure_buckets(new_model, env, caps, 32, steps, rounds),
+            "overlap": lambda: measure_overlap(new_model, env, 0.05, 32, steps, rounds),
+            "accumulation": lambda: measure_accumulation(new_model, env, [1, 2, 4, 8], stragglers,
+                                                         16, 6 if quick else 12),
+            "overhead": lambda: measure_overhead(new_model, env, 16, 30 if quick else 300,
+                                                 rank_run_dir("runs/manual")),
+            "fidelity": lambda: measure_fidelity(new_model, env, 32),
+        }
+        measured = {name: run() for name, run in sections.items()
+                    if name in (args.sections or sections)}
+        if "overlap" in measured:  # its way without communication is the compute alone
+            measured["compute"] = {"s_per_sample": measured["overlap"]["none_step_s"] / 32,
+                                   "batch_size": 32}
+        if env.rank == 0:
+            report({"model_bytes": sum(p.numel() * p.element_size() for p in base.parameters()),
+                    "world_size": env.world_size,
+                    "param_tensors": len(list(base.parameters())), "backend": env.backend,
+                    "quick": quick, **measured})
+            print("measured: " + ", ".join(measured), flush=True)
+    finally:
+        teardown()
+
+
+if __name__ == "__main__":
+    main()

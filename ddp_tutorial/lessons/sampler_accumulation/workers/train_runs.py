@@ -1,0 +1,47 @@
+"""Several runs of train.py in one launch: one process group, a run folder per run.
+
+    torchrun --standalone --nproc-per-node 2 \
+        ddp_tutorial/lessons/sampler_accumulation/workers/train_runs.py \
+        '{"K=1": [2, ["--accum-steps", "1"]], "big batch": [1, ["--batch-size", "32"]]}'
+
+The one argument is a JSON object: run name -> [ranks, train.py's flags]. Each run is
+``train.main`` with its flags, writing a folder of its own in the run folder (rank 0 reports
+``run`` and ``folder``) as a launch of its own would; only steps 1 and 5 (join and leave the
+group) happen once, for every run. A run on 1 rank is one plain process on rank 0, as
+``python -m ddp_tutorial.train`` is; the other ranks go on to the next run.
+"""
+
+import json
+import os
+import re
+import sys
+from unittest import mock
+
+from ddp_tutorial import train
+from ddp_tutorial.runfolder import rank_run_dir, report
+
+
+def main() -> None:
+    runs = json.loads(sys.argv[1])
+    env = train.init_process_group(train.parse_flags([]).backend)  # step 1, once
+    try:
+        for name, (ranks, flags) in runs.items():
+            if ranks not in (1, env.world_size):
+                raise ValueError(f"run {name!r}: {ranks} ranks, launched on {env.world_size}")
+            if env.rank >= ranks:
+                continue
+            sub = re.sub(r"[^\w.=-]+", "_", name)  # its folder, in the launch's run folder
+            if env.rank == 0:
+                print(f"-- run {name!r}: {ranks} rank(s), {' '.join(flags)}", flush=True)
+                report({"run": name, "folder": sub})
+            run_env = env if ranks > 1 else train.DistEnv()  # 1 rank: a plain process
+            # train.main with the group joined above; it drops its DDP model before returning
+            with mock.patch.object(train, "init_process_group", lambda *_: run_env), \
+                    mock.patch.object(train, "teardown", lambda: None):
+                train.main([*flags, "--out", os.path.join(rank_run_dir("runs/train_runs"), sub)])
+    finally:
+        train.teardown()  # step 5, once
+
+
+if __name__ == "__main__":
+    main()

@@ -1,1 +1,0 @@
-"""The performance lab's probes; each runs on the ranks, launched by ``perf.measure``."""
