@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 
 from ddp_tutorial.lessons.performance.costmodel import GB, busbw, ring_time
 from ddp_tutorial.lessons.performance.measure import OVERLAP_WAYS, by_straggler, straggler_setting
-from ddp_tutorial.plots.training import finish_axes, new_axes
+from ddp_tutorial.lessons.figure import finish_axes, new_axes
 
 
 def plot_allreduce_sweep(sweep: Dict, ax: Optional[plt.Axes] = None) -> plt.Axes:

@@ -6,7 +6,7 @@ from typing import Optional
 
 import matplotlib.pyplot as plt
 
-from ddp_tutorial.plots.training import finish_axes, new_axes
+from ddp_tutorial.lessons.figure import finish_axes, new_axes
 
 _KIND_COLORS = {"param_bytes": "#4c72b0", "grad_bytes": "#dd8452", "state_bytes": "#55a868"}
 _KIND_NAMES = {"param_bytes": "parameters", "grad_bytes": "gradients", "state_bytes": "Adam state"}

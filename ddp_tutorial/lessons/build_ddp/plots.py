@@ -6,7 +6,7 @@ from typing import Dict, Optional
 
 import matplotlib.pyplot as plt
 
-from ddp_tutorial.plots.training import finish_axes, new_axes
+from ddp_tutorial.lessons.figure import finish_axes, new_axes
 
 
 def plot_overlap_timeline(timelines: Dict[str, Dict[int, dict]], ax: Optional[plt.Axes] = None,

@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ddp_tutorial.lessons.sampler_accumulation import sync_seconds_per_micro_step
-from ddp_tutorial.plots.training import PHASE_COLORS, finish_axes, new_axes
+from ddp_tutorial.lessons.figure import PHASE_COLORS, finish_axes, new_axes
 
 
 def plot_sampler_orders(orders: Sequence[Dict[int, List[int]]], dataset_size: int,

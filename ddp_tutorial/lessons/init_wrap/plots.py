@@ -6,7 +6,7 @@ from typing import Dict, List, Optional
 
 import matplotlib.pyplot as plt
 
-from ddp_tutorial.plots.training import finish_axes, new_axes
+from ddp_tutorial.lessons.figure import finish_axes, new_axes
 
 
 def plot_init_times(sweep: Dict[int, List[dict]], ax: Optional[plt.Axes] = None,

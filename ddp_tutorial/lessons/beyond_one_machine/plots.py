@@ -6,7 +6,7 @@ from typing import Optional
 
 import matplotlib.pyplot as plt
 
-from ddp_tutorial.plots.training import finish_axes, new_axes
+from ddp_tutorial.lessons.figure import finish_axes, new_axes
 from ddp_tutorial.runfolder import attempt_of
 
 

@@ -11,8 +11,7 @@ from typing import List, Optional
 
 import matplotlib.pyplot as plt
 
-from ddp_tutorial.plots.training import finish_axes
-from ddp_tutorial.plots.training import new_axes
+from ddp_tutorial.lessons.figure import finish_axes, new_axes
 
 
 def plot_batchnorm_stats(summary: dict, ax: Optional[plt.Axes] = None,
