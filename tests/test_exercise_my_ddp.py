@@ -13,7 +13,7 @@ import pytest
 
 from ddp_tutorial import WorkerError, exercises, launch
 from ddp_tutorial.exercises import judge
-from ddp_tutorial.exercises.judge import my_ddp
+from ddp_tutorial.lessons.build_ddp import my_ddp_judge as my_ddp
 from test_exercises import MISTAKES, TIMEOUT, assert_nothing_left, failed, in_tmp_folder, passed_names  # noqa: F401
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -118,7 +118,7 @@ def test_there_are_enough_wrong_and_right_answers():
 
 def test_the_untouched_skeleton_gets_no_tick_but_for_running(tmp_path):
     """No criterion passes on nothing: with no all-reduce at all, order, buckets and overlap are not measured."""
-    result = exercises.check("my_ddp", exercises.SKELETONS_DIR / "my_ddp.py", timeout=TIMEOUT)
+    result = exercises.check("my_ddp", exercises.EXERCISES["my_ddp"].skeleton, timeout=TIMEOUT)
     assert passed_names(result) == {my_ddp.RAN}, result.message
     assert failed(result, my_ddp.ORDER[:30]).startswith("not measured: no rank launched an all-reduce")
     assert crosses(result) == {my_ddp.BROADCAST, my_ddp.SAME}, result.message

@@ -146,7 +146,7 @@ def test_a_missing_script_says_to_start_first():
 # -- Every reference solution passes -------------------------------------------
 @pytest.mark.parametrize("name", exercises.NAMES)
 def test_the_solution_passes(name, tmp_path):
-    result = exercises.check(name, exercises.SOLUTIONS_DIR / f"{name}.py", timeout=TIMEOUT)
+    result = exercises.check(name, exercises.EXERCISES[name].solution, timeout=TIMEOUT)
     assert result.passed, result.message
     assert all(passed for _, passed, _ in result.criteria)
     assert result.message.count("✓") == len(result.criteria) and "✗" not in result.message
@@ -385,7 +385,7 @@ def drops_before_destroy(source: str) -> bool:
 
 @pytest.mark.parametrize("name", ["wrap", "no_sync", "teardown", "capstone"])
 def test_a_solution_with_a_ddp_model_drops_it_before_destroy_process_group(name):
-    assert drops_before_destroy((exercises.SOLUTIONS_DIR / f"{name}.py").read_text()), name
+    assert drops_before_destroy((exercises.EXERCISES[name].solution).read_text()), name
 
 
 def test_train_main_drops_the_model_before_teardown():

@@ -18,7 +18,9 @@ one process would have computed, and the results of typical mistakes.
 
 Each exercise is one row of ``EXERCISES``: its hint, how its check runs the script,
 the harness on the ranks and the judge; its skeleton and solution are
-``skeletons/<name>.py`` and ``solutions/<name>.py``. Importing this module does not
+``skeletons/<name>.py`` and ``solutions/<name>.py``, or, for an exercise that belongs to one
+lesson, in that lesson's folder with the rest of it (notebook 11's ``my_ddp``: its skeleton,
+solution, harness and judge in ``lessons/build_ddp/``). Importing this module does not
 import torch: only the ranks do. The scripts the ranks run (the harness, the task,
 the references) are in ``workers/``.
 """
@@ -31,18 +33,21 @@ import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ddp_tutorial import envvars
 from ddp_tutorial.exercises import judge, runs
 # ``shard`` here too: the shard skeleton reads its ``LR`` and ``checkpoint_path()`` from here.
-from ddp_tutorial.exercises.judge import my_ddp, shard
+from ddp_tutorial.exercises.judge import shard
+from ddp_tutorial.lessons.build_ddp import my_ddp_judge
 from ddp_tutorial.lessons.predict import Printed, ask, reveal
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SKELETONS_DIR = PACKAGE_DIR / "skeletons"
 #: The reference solutions: ``check("no_sync", SOLUTIONS_DIR / "no_sync.py")`` passes.
 SOLUTIONS_DIR = PACKAGE_DIR / "solutions"
+#: Notebook 11's rank scripts, its exercise's among them.
+MY_DDP = PACKAGE_DIR.parent / "lessons" / "build_ddp" / "workers"
 DEFAULT_FOLDER = "my_work"
 #: Seconds one run of a learner's script may take before the check calls it a hang.
 DEFAULT_TIMEOUT_S = 90.0
@@ -52,7 +57,8 @@ WORLD_SIZE = 2
 
 @dataclass(frozen=True)
 class Exercise:
-    """One exercise: ``skeletons/<name>.py`` and ``solutions/<name>.py``, how its check runs the
+    """One exercise: its ``skeleton`` and ``solution`` (by default ``skeletons/<name>.py`` and
+    ``solutions/<name>.py``), how its check runs the
     script (``run``: ``runs.per_world_size``, ``runs.normal_then_failing`` or ``runs.three_ways``,
     each giving the runs in order), the ``harness`` on the ranks, and ``judge(*runs)``: the
     criteria."""
@@ -63,6 +69,13 @@ class Exercise:
     run: Callable[..., List[runs.HarnessRun]] = runs.per_world_size
     harness: Path = runs.HARNESS
     world_sizes: Tuple[int, ...] = (WORLD_SIZE,)
+    skeleton: Optional[Path] = None
+    solution: Optional[Path] = None
+
+    def __post_init__(self):
+        for kind, folder in (("skeleton", SKELETONS_DIR), ("solution", SOLUTIONS_DIR)):
+            if getattr(self, kind) is None:
+                object.__setattr__(self, kind, folder / f"{self.name}.py")
 
 
 #: Every exercise, in the notebooks' order: what ``start``, ``check``, ``hint``, ``solution``
@@ -113,7 +126,8 @@ EXERCISES: Dict[str, Exercise] = {e.name: e for e in (
         "passes lr= on to it. Before saving: optimizer.consolidate_state_dict(to=0) on every rank "
         "(it is a collective: each rank other than 0 broadcasts its shard, and every rank takes "
         "part in each broadcast), then optimizer.state_dict() on rank 0 only.")),
-    Exercise("my_ddp", my_ddp.judge_my_ddp, harness=runs.WORKERS / "my_ddp_harness.py",
+    Exercise("my_ddp", my_ddp_judge.judge_my_ddp, harness=MY_DDP / "my_ddp_harness.py",
+             skeleton=MY_DDP / "my_ddp_skeleton.py", solution=MY_DDP / "my_ddp_solution.py",
              world_sizes=(2, 4), hint=(
         "In __init__: dist.broadcast(t, src=0) for every parameter and buffer (under "
         "torch.no_grad()). Then the buckets: walk reversed([p for p in module.parameters() if "
@@ -196,7 +210,7 @@ def start(name: str, folder=None) -> Path:
         print(f"{path} exists already; keeping your work. Edit it, then run {then}.")
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text((SKELETONS_DIR / f"{name}.py").read_text())
+    path.write_text(EXERCISES[name].skeleton.read_text())
     print(f"wrote {path}: fill in its TODOs, then run {then}. Stuck? exercises.hint({name!r}).")
     return path
 
@@ -210,7 +224,7 @@ def hint(name: str) -> Printed:
 
 def solution(name: str) -> Printed:
     """Print the source of exercise ``name``'s reference solution; returns it (shown once, printed)."""
-    source = (SOLUTIONS_DIR / f"{_known(name)}.py").read_text()
+    source = EXERCISES[_known(name)].solution.read_text()
     print(source)
     return Printed(source)
 

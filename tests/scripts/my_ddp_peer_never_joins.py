@@ -9,9 +9,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from ddp_tutorial.exercises import SOLUTIONS_DIR
+from ddp_tutorial.exercises import EXERCISES
 
-MyDDP = runpy.run_path(str(SOLUTIONS_DIR / "my_ddp.py"))["MyDDP"]
+MyDDP = runpy.run_path(str(EXERCISES["my_ddp"].solution))["MyDDP"]
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3))
 model = MyDDP(torch.nn.Linear(4, 2))
 if dist.get_rank() == 0:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence
 
 from ddp_tutorial.teacher import grade
-from ddp_tutorial.exercises import NAMES, SKELETONS_DIR, SOLUTIONS_DIR
+from ddp_tutorial.exercises import EXERCISES, NAMES
 
 MISTAKES_DIR = grade.KIT_ROOT / "tests" / "exercise_mistakes"
 
@@ -30,11 +30,11 @@ def make_class(folder: Path, learners: int) -> Dict[str, int]:
         for j, name in enumerate(NAMES):
             pick = (3 * i + j) % 8  # 5 of 8 right, 2 a mistake, 1 the skeleton as given
             if pick < 5 or (pick < 7 and not mistakes[name]):
-                source, kind = SOLUTIONS_DIR / f"{name}.py", "solution"
+                source, kind = EXERCISES[name].solution, "solution"
             elif pick < 7:
                 source, kind = mistakes[name][(i + pick) % len(mistakes[name])], "mistake"
             else:
-                source, kind = SKELETONS_DIR / f"{name}.py", "skeleton"
+                source, kind = EXERCISES[name].skeleton, "skeleton"
             (mine / f"{name}.py").write_bytes(source.read_bytes())
             kinds[kind] += 1
     return kinds

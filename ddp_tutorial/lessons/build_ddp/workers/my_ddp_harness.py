@@ -46,7 +46,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_tutorial.exercises.workers.my_ddp_watch import Lockstep, Watch, summary
+from ddp_tutorial.lessons.build_ddp.workers.my_ddp_watch import Lockstep, Watch, summary
 from ddp_tutorial.lessons.build_ddp.workers import lab_models
 from ddp_tutorial.rank import bootstrap
 from ddp_tutorial.runfolder import report

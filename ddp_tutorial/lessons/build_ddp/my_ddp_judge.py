@@ -35,7 +35,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ddp_tutorial.exercises.judge.common import Criterion, max_difference, not_measured, ran_to_end, ranks_text
 # The bucket and overlap criteria and the thresholds and names, as ``my_ddp.NAME`` (tests and the check use them).
-from ddp_tutorial.exercises.judge.my_ddp_buckets import (  # noqa: F401
+from ddp_tutorial.lessons.build_ddp.my_ddp_buckets import (  # noqa: F401
     BROADCAST, BUCKETS, CAPS, NO_SYNC, ORDER, OVERLAP, RAN, SAME, SAME_GRAD, TOLERANCE, UNUSED,
     buckets, bytes_text, caps_text, events_by_rank, fill_at_most, fill_reaching, layouts, overlap,
     trainings)
