@@ -92,6 +92,27 @@ def _loaded_by(names):
     return [m for m in out if m == "torch" or is_rank_module(m)]
 
 
+_ALONE = """
+import importlib, sys
+for name in sys.argv[1:]:
+    for loaded in [m for m in sys.modules if m == "ddp_tutorial" or m.startswith("ddp_tutorial.")]:
+        del sys.modules[loaded]
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        print(f"{name}: {exc!r}")
+"""
+
+
+def test_every_kernel_module_imports_first():
+    # Each one imported before anything else of the kit: an import cycle (a lesson's module that
+    # imports exercises/, which imports it back) fails only in that order.
+    names = [module_name(p) for p in kernel_modules()]
+    out = subprocess.run([sys.executable, "-c", _ALONE, *names], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT, check=True).stdout
+    assert out == ""
+
+
 def test_importing_the_kernel_imports_neither_torch_nor_rank_code():
     names = [module_name(p) for p in kernel_modules()]
     # All of them in one fresh interpreter: nothing unwanted there means nothing in any one of them.

@@ -39,7 +39,6 @@ from ddp_tutorial import envvars
 from ddp_tutorial.exercises import judge, runs
 # ``shard`` here too: the shard skeleton reads its ``LR`` and ``checkpoint_path()`` from here.
 from ddp_tutorial.exercises.judge import shard
-from ddp_tutorial.lessons.build_ddp import my_ddp_judge
 from ddp_tutorial.lessons.predict import Printed, ask, reveal
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -53,6 +52,13 @@ DEFAULT_FOLDER = "my_work"
 DEFAULT_TIMEOUT_S = 90.0
 #: Ranks every check starts (torchrun's too, in the capstone).
 WORLD_SIZE = 2
+
+
+def judge_my_ddp(*harness_runs: runs.HarnessRun) -> List[judge.Criterion]:
+    """Notebook 11's judge, kept with the rest of its lesson; imported when a check needs it,
+    since it imports this package's judge helpers (so this package cannot import it first)."""
+    from ddp_tutorial.lessons.build_ddp.my_ddp_judge import judge_my_ddp as judge_it
+    return judge_it(*harness_runs)
 
 
 @dataclass(frozen=True)
@@ -126,7 +132,7 @@ EXERCISES: Dict[str, Exercise] = {e.name: e for e in (
         "passes lr= on to it. Before saving: optimizer.consolidate_state_dict(to=0) on every rank "
         "(it is a collective: each rank other than 0 broadcasts its shard, and every rank takes "
         "part in each broadcast), then optimizer.state_dict() on rank 0 only.")),
-    Exercise("my_ddp", my_ddp_judge.judge_my_ddp, harness=MY_DDP / "my_ddp_harness.py",
+    Exercise("my_ddp", judge_my_ddp, harness=MY_DDP / "my_ddp_harness.py",
              skeleton=MY_DDP / "my_ddp_skeleton.py", solution=MY_DDP / "my_ddp_solution.py",
              world_sizes=(2, 4), hint=(
         "In __init__: dist.broadcast(t, src=0) for every parameter and buffer (under "
