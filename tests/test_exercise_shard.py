@@ -11,7 +11,7 @@ never produced is tested on records made by hand: no launch.
 import pytest
 
 from ddp_tutorial import exercises
-from ddp_tutorial.exercises.judge import shard
+from ddp_tutorial.lessons.sharding import shard_judge as shard
 from ddp_tutorial.exercises.runs import HarnessRun
 from test_exercises import (  # noqa: F401
     MISTAKES, RIGHT_ANSWERS, TIMEOUT, assert_nothing_left, failed, in_tmp_folder, passed_names, run_records)
@@ -124,7 +124,7 @@ def test_a_right_answer_that_hands_torch_its_own_work_handles_passes(tmp_path, a
 def test_the_solution_holds_an_uneven_share_and_saves_it_whole(tmp_path):
     """The measured numbers behind the ✓s: ZeRO's greedy split of the 4 -> 8 -> 2 model, 32 and 26 elements;
     rank 0 reports what it measured before it replays the DDP script (a peer's failure cannot cost them)."""
-    result = exercises.check("shard", exercises.SOLUTIONS_DIR / "shard.py", timeout=TIMEOUT)
+    result = exercises.check("shard", exercises.EXERCISES["shard"].solution, timeout=TIMEOUT)
     details = {name: detail for name, _, detail in result.criteria}
     assert "rank 0: 260 bytes, rank 1: 220 bytes; together 480 = one copy" in details[shard.SHARDED]
     assert "4 of 4 parameters' Adam state, 480 bytes, each at step 14 as training left it" in details[shard.CHECKPOINT]

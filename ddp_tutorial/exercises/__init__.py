@@ -19,8 +19,8 @@ one process would have computed, and the results of typical mistakes.
 Each exercise is one row of ``EXERCISES``: its hint, how its check runs the script,
 the harness on the ranks and the judge; its skeleton and solution are
 ``skeletons/<name>.py`` and ``solutions/<name>.py``, or, for an exercise that belongs to one
-lesson, in that lesson's folder with the rest of it (notebook 11's ``my_ddp``: its skeleton,
-solution, harness and judge in ``lessons/build_ddp/``). Importing this module does not
+lesson, in that lesson's folder with the rest of it (notebook 10's ``shard`` in ``lessons/sharding/``,
+notebook 11's ``my_ddp`` in ``lessons/build_ddp/``: skeleton, solution, harness and judge). Importing this module does not
 import torch: only the ranks do. The scripts the ranks run (the harness, the task,
 the references) are in ``workers/``.
 """
@@ -37,15 +37,14 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from ddp_tutorial import envvars
 from ddp_tutorial.exercises import judge, runs
-# ``shard`` here too: the shard skeleton reads its ``LR`` and ``checkpoint_path()`` from here.
-from ddp_tutorial.exercises.judge import shard
 from ddp_tutorial.lessons.predict import Printed, ask, reveal
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SKELETONS_DIR = PACKAGE_DIR / "skeletons"
 #: The reference solutions: ``check("no_sync", SOLUTIONS_DIR / "no_sync.py")`` passes.
 SOLUTIONS_DIR = PACKAGE_DIR / "solutions"
-#: Notebook 11's rank scripts, its exercise's among them.
+#: Notebooks 10's and 11's rank scripts, their exercises' among them.
+SHARD = PACKAGE_DIR.parent / "lessons" / "sharding" / "workers"
 MY_DDP = PACKAGE_DIR.parent / "lessons" / "build_ddp" / "workers"
 DEFAULT_FOLDER = "my_work"
 #: Seconds one run of a learner's script may take before the check calls it a hang.
@@ -54,9 +53,14 @@ DEFAULT_TIMEOUT_S = 90.0
 WORLD_SIZE = 2
 
 
+# Notebooks 10's and 11's judges are kept with the rest of their lessons and imported when a check
+# needs them: they import this package's judge helpers, so this package cannot import them first.
+def judge_shard(run: runs.HarnessRun) -> List[judge.Criterion]:
+    from ddp_tutorial.lessons.sharding.shard_judge import judge_shard as judge_it
+    return judge_it(run)
+
+
 def judge_my_ddp(*harness_runs: runs.HarnessRun) -> List[judge.Criterion]:
-    """Notebook 11's judge, kept with the rest of its lesson; imported when a check needs it,
-    since it imports this package's judge helpers (so this package cannot import it first)."""
     from ddp_tutorial.lessons.build_ddp.my_ddp_judge import judge_my_ddp as judge_it
     return judge_it(*harness_runs)
 
@@ -126,7 +130,8 @@ EXERCISES: Dict[str, Exercise] = {e.name: e for e in (
         "schedule: the epoch's tail is a shorter window), and torch.save(model.state_dict()) of "
         "the model inside DDP, only where rank == 0; drop the DDP model (= None) before "
         "destroy_process_group().")),
-    Exercise("shard", shard.judge_shard, hint=(
+    Exercise("shard", judge_shard, skeleton=SHARD / "shard_skeleton.py",
+             solution=SHARD / "shard_solution.py", hint=(
         "optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, "
         "lr=shard.LR): it builds an Adam of its own for this rank's share of the parameters and "
         "passes lr= on to it. Before saving: optimizer.consolidate_state_dict(to=0) on every rank "

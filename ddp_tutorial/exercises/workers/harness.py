@@ -19,7 +19,7 @@ each saved checkpoint loads strictly into ``task.make_model()``; then, on rank 0
 after ``final`` so that a peer's failure during them (which stops this rank)
 costs only the references. All but those two are written the moment they
 happen, so a rank that hangs or dies still leaves them. Exercise "shard" observes
-ZeroRedundancyOptimizer too and reports more after ``final`` (``shard_records.py``).
+ZeroRedundancyOptimizer too and reports more after ``final`` (``lessons/sharding/workers/shard_records.py``).
 
 Once the ``final`` record is written, what the script raised goes on to the bootstrap,
 which reports it and exits as for any script (``bootstrap.run_rank``): the same exit
@@ -48,8 +48,10 @@ globals()[bootstrap.RUNS_THE_SCRIPT] = True
 
 
 #: The harness's own files: their frames (an observer between the script and torch) are not the learner's.
-HARNESS_FILES = {os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-                 for name in ("harness.py", "observers.py", "shard_records.py")}
+KIT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HARNESS_FILES = {os.path.join(KIT, *parts) for parts in (
+    ("exercises", "workers", "harness.py"), ("exercises", "workers", "observers.py"),
+    ("lessons", "sharding", "workers", "shard_records.py"))}
 
 
 def without_harness_frames(tb):
@@ -114,7 +116,7 @@ def run(exercise: str, script: str) -> Optional[BaseException]:
     observers = Observers(seen, launcher)
     observers.install(keep_store=exercise == "shard")
     if exercise == "shard":  # imported here: it loads ZeroRedundancyOptimizer, unused elsewhere
-        from ddp_tutorial.exercises.workers import shard_records
+        from ddp_tutorial.lessons.sharding.workers import shard_records
 
         shard_records.observe(observers)
     failure, error, code = None, None, 0

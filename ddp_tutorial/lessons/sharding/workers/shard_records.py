@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.optim import ZeroRedundancyOptimizer as Zero
 
-from ddp_tutorial.exercises.judge.shard import LR
+from ddp_tutorial.exercises.shard import LR
 from ddp_tutorial.exercises.workers import reference, task
 from ddp_tutorial.exercises.workers.observers import Observations, Observers, optimizer_parameters
 from ddp_tutorial.lessons.sharding.workers.sharding_common import nbytes, optimizer_state, state_tensors

@@ -8,24 +8,20 @@ calls (``consolidate_state_dict`` and its target, ``state_dict``), what rank 0 s
 (the same numbers, as they were when saved), and on rank 0 the parameters the
 original DDP script reaches (replayed in one process). A criterion whose
 measurement a run that stopped early never made says "not measured", never a
-✗ with a reason (``judge.common.absent``). The skeleton and solution import
-this module (as ``ddp_tutorial.exercises.shard``) for ``LR`` and ``checkpoint_path``.
-No torch in here.
+✗ with a reason (``judge.common.absent``). The skeleton and solution read ``LR`` and
+``checkpoint_path`` from ``ddp_tutorial.exercises.shard``. No torch in here.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Dict, List, Optional
 
 from ddp_tutorial.exercises.judge.common import (
     absent, Criterion, max_difference, NOT_MEASURED, not_measured, plural, ran_to_end, ranks_text)
 from ddp_tutorial.exercises.judge.sampler_no_sync import reshuffled
 from ddp_tutorial.exercises.runs import HarnessRun
-from ddp_tutorial import envvars
+from ddp_tutorial.exercises.shard import LR
 
-#: The learning rate of the DDP script's Adam.
-LR = 0.01
 #: Final parameters closer than this to the DDP script's count as equal. The harness replays DDP's
 #: arithmetic (each rank's gradient, divided by W, summed), so a correct ZeRO-1 run lands within
 #: float rounding of it (0.0 measured on 2 ranks).
@@ -47,11 +43,6 @@ OVERLAP_NEVER_STEPS = (
 #: What consolidate_state_dict does, in the words every message uses (torch 2.13's implementation).
 CONSOLIDATE_IS_COLLECTIVE = ("it is a collective: every shard but the target's own is broadcast from the rank "
                              "that holds it, and every rank takes part in each of those broadcasts")
-
-def checkpoint_path() -> str:
-    """Where the script saves its checkpoint: in the check's run folder, else the current folder."""
-    return os.path.join(os.environ.get(envvars.EXERCISE_OUT) or ".", "shard_checkpoint.pt")
-
 
 def stopped_early(run: HarnessRun, finals: Dict[int, dict]) -> Optional[str]:
     """Why a measurement is missing in a run that stopped early; None where nothing is missing for that reason."""
