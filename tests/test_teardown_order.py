@@ -1,9 +1,12 @@
 """A script that leaves its group before dropping its DDP model meets torch as it is, under launch as under torchrun.
 
 ``launch`` changes nothing of torch (no patched ``destroy_process_group``): what such a script does
-under torchrun, it does under ``launch``, cold and warm. On torch 2.13 it finishes unless
-``torch._dynamo`` was imported before ``init_process_group`` (docs/how-it-is-built.md), which a
-warm rank does not do either.
+under torchrun, it does under ``launch``, cold and warm. On torch 2.13 its own code finishes on every
+rank unless ``torch._dynamo`` was imported before ``init_process_group`` (docs/how-it-is-built.md),
+which a warm rank does not do either. One difference is at the very end: under torchrun the
+interpreter's cleanup then destroys what is left of gloo, which can abort the process ("terminate called
+without an active exception", SIGABRT); ``launch`` ends a rank after its script with ``os._exit``,
+skipping that cleanup (``rank/bootstrap.py``), as train.py does under both.
 """
 
 import os
@@ -22,8 +25,11 @@ def test_under_torchrun_the_script_ends_as_torch_lets_it(tmp_path):
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            str(SCRIPT)], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PET_LOG_DIR": str(tmp_path / "logs")})
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("train() returned") == 2
+    assert done.stdout.count("train() returned") == 2, done.stdout + done.stderr
+    # Exit 0, or torch's abort in the interpreter's cleanup after the script ended (the only failure
+    # torch shows here: 2 of 12 runs beside other work, none of them before "train() returned").
+    aborted_at_exit = "terminate called without an active exception" in done.stderr
+    assert done.returncode == 0 or aborted_at_exit, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
