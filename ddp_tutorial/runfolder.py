@@ -1,9 +1,8 @@
 """The run folder, the one contract between the ranks and the kernel: its formats, writers, ``Run``.
 
-``launch`` claims it (``claim``) and names it to every rank in ``envvars.RUN_DIR``. Each rank
-appends JSON lines to ``rank<R>.jsonl``, each flushed, and tagged with its restart ``attempt``;
-``Run(run_dir)`` reads them back. Under ``launch`` a rank also leaves notes in ``.ranks/`` (its
-bootstrap writes them): when it failed, and its stacks. No torch unless a model is loaded.
+``launch`` claims it (``claim``) and names it to the ranks (``envvars.RUN_DIR``). Each rank appends
+JSON lines to ``rank<R>.jsonl``, tagged with its restart ``attempt``; ``Run`` reads them back. Under
+``launch`` a rank's bootstrap also leaves notes in ``.ranks/``: when it failed, and its stacks.
 """
 
 from __future__ import annotations
@@ -35,12 +34,8 @@ def rank_run_dir(default: Optional[str] = None) -> Optional[str]:
 
 # -- The ranks' side: metrics and notes ----------------------------------------------
 class MetricsWriter:
-    """Append JSON lines to one rank's metrics file, flushed as they go.
-
-    Args:
-        fresh: truncate an existing file (a new run) instead of appending (a restart).
-        attempt: stored in every record without one; default ``envvars.restart_attempt()``.
-    """
+    """Append JSON lines to one rank's metrics file, each flushed. ``fresh``: truncate (a new run)
+    instead of appending (a restart); ``attempt``: default ``envvars.restart_attempt()``."""
 
     def __init__(self, run_dir: str, rank: int, fresh: bool = True, attempt: Optional[int] = None):
         os.makedirs(run_dir, exist_ok=True)
@@ -69,8 +64,8 @@ _REPORTERS: Dict[str, MetricsWriter] = {}
 
 
 def report(record: Dict[str, Any]) -> None:
-    """From a worker script: append ``record`` to this rank's file in the launch's run folder,
-    where ``Run.results(rank)`` finds it (without ``launch``: ``runs/manual/rank0.jsonl``)."""
+    """From a worker script: append ``record`` to this rank's file, for ``Run.results(rank)``
+    (without ``launch``: ``runs/manual/rank0.jsonl``)."""
     run_dir = rank_run_dir(os.path.join("runs", "manual"))
     rank = int(os.environ.get("RANK", 0))
     key = f"{run_dir}:{rank}"
@@ -110,8 +105,7 @@ def _rank_notes(run_dir, kind: str, attempt: int, read) -> Dict[int, Any]:
 
 
 def failure_notes(run_dir, attempt: int) -> Dict[int, Dict[str, Any]]:
-    """rank -> its failure note, for each rank of ``attempt`` whose script raised or exited
-    non-zero (a rank killed by a signal leaves none)."""
+    """rank -> its failure note (a rank killed by a signal leaves none)."""
     return _rank_notes(run_dir, "failure", attempt, lambda p: json.loads(p.read_text()))
 
 
@@ -149,12 +143,8 @@ def attempt_of(record: Dict[str, Any]) -> int:
 
 
 def counted(records: List[Dict[str, Any]], attempt: int) -> List[Dict[str, Any]]:
-    """The step records that count for ``attempt``: its own, after the earlier ones it resumed from.
-
-    An attempt that starts at step s (resumed from a checkpoint written at s) keeps the steps
-    below s of the attempt before it, and so on back; a step repeated counts once, from the later
-    attempt. An attempt that starts from step 0 counts only itself.
-    """
+    """The step records that count for ``attempt``: an attempt resumed at step s keeps the steps
+    below s of the attempt before it, and so on back; a repeated step counts once, the later."""
     kept: List[Dict[str, Any]] = []
     first = math.inf  # the first step counted so far
     for a in range(attempt, -1, -1):
@@ -169,12 +159,9 @@ def counted(records: List[Dict[str, Any]], attempt: int) -> List[Dict[str, Any]]
 
 
 class Run:
-    """The results of one launch, read from its run folder.
-
-    A run restarted after a failure (``max_restarts``, torchrun) holds records of several
-    attempts. By default ``Run`` shows the final attempt: its summaries and events, and as steps
-    the final attempt's plus the earlier steps it resumed from (``counted``), so every step counts
-    once and agrees with the summary. ``Run(run_dir, attempt=k)`` shows attempt k alone.
+    """The results of one launch, read from its run folder. A restarted run holds several
+    attempts: ``Run`` shows the final one, its steps with the earlier ones it resumed from
+    (``counted``); ``Run(run_dir, attempt=k)`` shows attempt k alone.
 
     Attributes:
         run_dir: the folder holding ``rank<R>.jsonl`` and, after training, ``model.pt``.
@@ -281,16 +268,9 @@ class Run:
 # -- The launcher's side: claiming a run folder --------------------------------------
 def claim(run_dir, stem: str, name: str, info: Dict[str, object]) -> Path:
     """Make (or take the empty) run folder and claim it with ``CLAIM_FILE``, created ``O_EXCL``:
-    of two launches given the same folder at once, exactly one gets it.
-
-    Args:
-        run_dir: the folder asked for; None makes a new one under ``runs/`` (or $DDP_TUTORIAL_RUNS).
-        stem: the script's name, for a new folder's name. name: what ``run_dir`` was given as
-            (``"run_dir"``, ``"--out"``), for the errors. info: for the claim file.
-
-    Raises:
-        RunFolderError: the folder is a file, not empty, taken, or cannot be made or written.
-    """
+    of two launches given one folder, exactly one gets it. ``run_dir`` None: a new folder under
+    ``runs/`` (or $DDP_TUTORIAL_RUNS) named after ``stem``; ``name``: what ``run_dir`` was given as,
+    for the errors (``RunFolderError``); ``info``: for the claim file."""
     if run_dir is None:  # the folder to make a new one in
         name, path = envvars.RUNS_ROOT, Path(os.environ.get(envvars.RUNS_ROOT, "runs"))
     else:
@@ -326,8 +306,7 @@ def claim(run_dir, stem: str, name: str, info: Dict[str, object]) -> Path:
 
 def note_start(path: Path, attempt: int, mode: str, cold_reason: Optional[str],
                pids: List[int]) -> None:
-    """Add to the claim file how ``attempt`` started ("warm" or "cold", and why cold) and its
-    ranks' pids, each its process group's leader; written aside and renamed over the claim."""
+    """Add to the claim file how ``attempt`` started and its ranks' pids (group leaders)."""
     claim_path = Path(path) / CLAIM_FILE
     info = json.loads(claim_path.read_text())
     info.update(start_mode=mode, cold_reason=cold_reason)

@@ -54,6 +54,14 @@ def processes_of_run(run_dir, prefix: bool = False) -> list:
 pid_alive = procinfo.alive  # the name the tests import
 
 
+def cmdline(pid):
+    """The argv of ``pid``; None if it is gone (or a zombie, whose argv is empty)."""
+    try:
+        return psutil.Process(pid).cmdline() or None
+    except psutil.Error:
+        return None
+
+
 def pids_with_env(name: str, value: str, prefix: bool = False) -> list:
     """Live processes, this one aside, whose variable ``name`` is ``value`` (or starts with it)."""
     found = []
@@ -139,7 +147,7 @@ def pytest_sessionfinish(session, exitstatus):
         time.sleep(0.1)
         left = _leftovers(base)
     if left:
-        cmdlines = [f"{pid}: " + " ".join(procinfo.cmdline(pid) or ["(gone)"]) for pid in left]
+        cmdlines = [f"{pid}: " + " ".join(cmdline(pid) or ["(gone)"]) for pid in left]
         print("\nprocesses the tests started and left running:\n" + "\n".join(cmdlines))
         for pid in left:  # do not leave them for the next run either
             try:

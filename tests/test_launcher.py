@@ -14,8 +14,8 @@ import pytest
 
 import ddp_tutorial
 from ddp_tutorial import LaunchConfigError, LaunchError, LaunchTimeout, WorkerError, launch, launcher
-from ddp_tutorial.launcher import warm_ready, procinfo
-from conftest import pid_alive, processes_of_run
+from ddp_tutorial.launcher import warm_ready
+from conftest import cmdline, pid_alive, processes_of_run
 
 HERE = Path(__file__).parent
 SCRIPTS = HERE / "scripts"
@@ -195,13 +195,13 @@ def test_killed_kernel_leaves_no_orphans(runs_root):
     wait_for(lambda: len(processes_of_run(run_dir)) == 4, 10, "2 ranks and 2 grandchildren")
     proc.kill()  # SIGKILL: no Python cleanup runs in the launcher
     proc.wait()
-    # The ranks die with their parent (PDEATHSIG); what they started, with their process
-    # groups, which the group keeper kills when the launcher's end of its pipe closes.
+    # Each rank reads end-of-file on the launcher's watch socket and kills its process group,
+    # itself and what it started (rank/bootstrap.py, die_with_launcher).
     wait_for(lambda: not processes_of_run(run_dir), 5, "ranks and their children to die")
 
 
 def _is_rank(pid: int) -> bool:
-    return launcher.BOOTSTRAP in (procinfo.cmdline(pid) or ())
+    return launcher.BOOTSTRAP in (cmdline(pid) or ())
 
 
 CONCURRENT = """

@@ -34,7 +34,9 @@ def test_under_torchrun_the_script_ends_as_torch_lets_it(tmp_path):
 
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_under_launch_the_same_script_ends_the_same_way(warm):
-    for _ in range(3):
+    # Cold ranks start as torchrun's do: once, as the torchrun test runs. Warm ranks were forked
+    # from a process with torch imported, where this script's end once hung now and then: three.
+    for _ in range(3 if warm else 1):
         run = launch(str(SCRIPT), 2, echo="none", timeout=90, warm=warm)
         assert run.exit_codes == {0: 0, 1: 0} and run.start_mode == ("warm" if warm else "cold")
         assert all(run.output[r] == ["train() returned"] for r in (0, 1))

@@ -1,10 +1,8 @@
 """Start one OS process per rank from a script file, and guard them from the notebook.
 
-``launch`` never pickles notebook code and never forks the kernel, and this package imports no
-torch. Read the modules in this order (docs/how-it-is-built.md follows one launch through them):
-``spec`` (every argument checked once; the run folder claimed), this loop, ``start`` (one attempt:
-each rank's environment, its output and exit), ``warm``, ``procgroup`` (a rank's process group:
-start, signal, end), ``net`` (loopback only), ``errors``.
+Imports no torch, pickles no notebook code, never forks the kernel. Modules, in reading order
+(docs/how-it-is-built.md follows one launch): ``spec``, this loop, ``start``, ``warm``,
+``procgroup``, ``net``, ``errors``.
 """
 
 from __future__ import annotations
@@ -28,8 +26,7 @@ __all__ = ["launch", "Run", "LaunchSpec", "LaunchError", "LaunchConfigError", "W
            "LOOPBACK", "BOOTSTRAP", "MAX_WORLD_SIZE", "check_args_with", "scripts_path",
            "worker_script", "prestart_warm", "warm_ready"]
 
-#: The most a deadline waits for the ranks' stacks (they come in milliseconds; a rank that cannot
-#: answer, e.g. one stopped with SIGSTOP, only delays the SIGTERM that follows).
+#: The most a deadline waits for the ranks' stacks (a rank that cannot answer only delays SIGTERM).
 STACKS_WAIT_S = 2.0
 
 
@@ -64,8 +61,7 @@ def launch(script, world_size: int, args: Sequence[str] = (), *, timeout: float 
             cold elsewhere. nccl starts cold all the same; ``run.start_mode`` says which it was.
 
     Returns:
-        The ``Run``: per-rank metrics from ``run_dir``, output lines, wall time, and
-        ``start_mode`` ("warm" or "cold"; ``cold_reason`` says why, if cold).
+        The ``Run``: per-rank metrics from ``run_dir``, output lines, wall time, ``start_mode``.
 
     Raises:
         LaunchConfigError: bad input; nothing was started and no folder made.
@@ -145,10 +141,8 @@ def _stack_written(run_dir, attempt: int, rank: int) -> Optional[bool]:
 
 
 def failure_order(exit_seen: Dict[int, float], exited_failing, notes: Dict[int, dict]) -> List[int]:
-    """The ranks that failed, earliest first: by the moment each noted its failure
-    (``time.monotonic()``, one clock for the machine), else by when its exit was seen. A failure
-    that says a peer's connection closed (``peer_gone``) comes last: the rank that failed first
-    may still be unwinding its script when its peer notes the closed connection."""
+    """The ranks that failed, earliest first: by when each noted its failure (one monotonic clock
+    for the machine), else when its exit was seen; a ``peer_gone`` failure (a consequence) last."""
     def when(rank: int) -> Tuple[bool, float, int]:
         note = notes.get(rank, {})
         noted = note.get("failed_at")

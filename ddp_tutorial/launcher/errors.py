@@ -1,8 +1,5 @@
-"""What ``launch`` raises, and how it puts a rank's exit and output into words.
-
-Every error is a ``LaunchError`` and carries the partial ``Run`` (``.run``) where ranks had
-started, so a notebook can still plot the steps finished before it.
-"""
+"""What ``launch`` raises, and a rank's exit and output in words. Every error is a ``LaunchError``
+carrying the partial ``Run`` (``.run``) where ranks had started: a notebook can still plot it."""
 
 from __future__ import annotations
 
@@ -29,8 +26,7 @@ class WorkerError(LaunchError):
     """A rank raised or exited non-zero; every other rank was stopped.
 
     Attributes:
-        rank: the rank that failed first (by the moment it noted its failure, or for a rank killed
-            by a signal, when its exit was seen).
+        rank: the rank that failed first.
         exit_code: its exit code (negative: killed by that signal).
         traceback: the end of its output, from its last traceback on.
         failed_after: the other ranks that failed on their own, in the order they failed.

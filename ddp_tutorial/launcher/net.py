@@ -1,8 +1,5 @@
-"""The network side of a launch: loopback only, and a port no one can take first.
-
-``launch`` binds the store's socket on 127.0.0.1 itself (``listen_socket``) and hands it to rank 0,
-whose bootstrap hosts the store on it; gloo and nccl are pinned to the loopback interface.
-"""
+"""Loopback only, and a port no one can take first: ``launch`` binds the store's socket on
+127.0.0.1 and hands it to rank 0, which hosts the store on it; gloo and nccl stay on loopback."""
 
 from __future__ import annotations
 
@@ -13,9 +10,8 @@ from typing import Optional
 import psutil
 
 LOOPBACK = "127.0.0.1"
-#: Below every common default ephemeral range (Linux 32768-60999; macOS, Windows and IANA
-#: 49152-65535), so no outgoing connection (gloo opens many) is handed one of these ports, and
-#: above the registered services most machines run. A fixed range: no per-OS setting to read.
+#: Below every common ephemeral range (Linux 32768-60999; macOS, Windows, IANA 49152-65535), so no
+#: outgoing connection (gloo opens many) gets one, and above most machines' registered services.
 PORTS = range(20000, 32768)
 
 
@@ -28,12 +24,8 @@ def candidate_ports(tries: int = 100):
 
 def listen_socket(host: str = LOOPBACK) -> socket.socket:
     """A TCP socket listening on ``host`` at a free port from ``PORTS`` (else one the OS picks).
-
-    Bound before any rank starts, so no other program can take the port in between, and ranks
-    that connect before rank 0 hosts the store wait in the backlog instead of being refused.
-    SO_REUSEADDR is set as TCPStore sets it: the store's closed connections in TIME_WAIT do not
-    keep the port from being listened on again.
-    """
+    Bound before any rank starts: no one takes the port in between, and ranks that connect before
+    rank 0 hosts the store wait in the backlog. SO_REUSEADDR as TCPStore sets it (TIME_WAIT)."""
     for port in [*candidate_ports(), 0]:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
@@ -48,15 +40,15 @@ def listen_socket(host: str = LOOPBACK) -> socket.socket:
 
 
 def free_port(host: str = LOOPBACK) -> int:
-    """A port free right now, from ``PORTS``: for a server you start yourself (a torchrun
-    rendezvous endpoint). ``launch`` needs none: it binds its store's socket itself."""
+    """A port free right now, from ``PORTS``, for a server you start yourself (torchrun's
+    rendezvous endpoint); ``launch`` needs none."""
     with listen_socket(host) as sock:
         return sock.getsockname()[1]
 
 
 def loopback_interface() -> Optional[str]:
-    """This machine's loopback interface (``lo`` on Linux, ``lo0`` on macOS), or None. gloo
-    otherwise picks one from the host name, which on a Mac is an mDNS name that may not resolve."""
+    """The loopback interface (``lo``, ``lo0`` on macOS), or None. gloo otherwise picks one from
+    the host name, which on a Mac is an mDNS name that may not resolve."""
     try:
         stats = psutil.net_if_stats()
     except (OSError, psutil.Error):

@@ -1,9 +1,8 @@
 """A rank's process group: start it, signal it, and end it.
 
-Each rank leads a process group of its own (cold: ``start_new_session``; warm: the forked child
-calls ``setsid``), so one signal reaches the rank and anything it started that stayed in its
-group. If this process dies without running any code (SIGKILL, a crashed kernel), each rank reads
-end-of-file on the launcher's watch socket and kills its own group (``rank/bootstrap.py``).
+Each rank leads a group of its own (cold: ``start_new_session``; warm: ``setsid``), so one signal
+reaches what it started too. If this process dies without running any code (a crashed kernel),
+each rank reads end-of-file on the launcher's watch socket and kills its own group (bootstrap.py).
 """
 
 from __future__ import annotations
@@ -19,16 +18,14 @@ from ddp_tutorial import envvars
 from ddp_tutorial.launcher import procinfo, warm
 from ddp_tutorial.launcher.errors import LaunchError
 
-#: Seconds a group gets to empty after SIGKILL; a process stuck in the kernel (uninterruptible
-#: I/O) longer than this is left, not waited for forever.
+#: Seconds a group gets to empty after SIGKILL (one stuck in uninterruptible I/O is left).
 KILL_WAIT_S = 5.0
 
 
 def start(rank: int, cmd: List[str], env: Dict[str, str], store: Optional[socket.socket],
           watch: socket.socket, warm_start: bool, peers: Optional[socket.socket] = None):
-    """Start one rank, leading a new process group: a ``subprocess.Popen`` or a ``warm.WarmRank``,
-    its ``stdout`` the output pipe. ``store``: the store's socket (rank 0); ``watch``: the ranks'
-    end of the launcher's watch socket; ``peers``: rank 0's end of the peers socket."""
+    """Start one rank leading a new process group: a ``subprocess.Popen`` or a ``warm.WarmRank``.
+    ``store`` and ``peers``: rank 0's sockets; ``watch``: the ranks' end of the watch socket."""
     store = store if rank == 0 else None
     try:
         if warm_start:
@@ -46,8 +43,8 @@ def start(rank: int, cmd: List[str], env: Dict[str, str], store: Optional[socket
 
 
 def wait_until(done, timeout: float) -> bool:
-    """Look every 10 ms until ``done()`` (True) or ``timeout`` s (False): no event announces
-    an exit without reaping it, or a group that emptied, on every OS."""
+    """Look every 10 ms until ``done()`` (True) or ``timeout`` s (False): no event on every OS
+    announces an exit without reaping it, or a group that emptied."""
     end = time.monotonic() + timeout
     while not done():
         if time.monotonic() >= end:
@@ -82,13 +79,10 @@ def killpg(p, sig: int, group: bool = True) -> None:
 
 
 def end(p) -> None:
-    """Once rank ``p`` has exited: kill what it left in its group (a DataLoader worker, say), wait
-    up to ``KILL_WAIT_S`` until that is gone (SIGKILL acts when a process next runs), reap it.
-
-    Its pid is its group's id, and stays ours until it is reaped (Linux, cold: ``has_exited`` does
-    not reap). Reaped already (macOS; a warm rank, which the forkserver reaps), the group is
-    signalled only while psutil still finds members in it: a group id stays taken while it has some.
-    """
+    """Once rank ``p`` has exited: kill what it left in its group (a DataLoader worker), wait up to
+    ``KILL_WAIT_S`` until that is gone, reap it. Not yet reaped, its pid (the group's id) is still
+    ours; reaped already (macOS, warm), the group is signalled only while it has members, which
+    keep its id taken."""
     if (p.returncode is None and not isinstance(p, warm.WarmRank)) or procinfo.group_members(p.pid):
         _killpg(p.pid, signal.SIGKILL)
     wait_until(lambda: not procinfo.group_members(p.pid), KILL_WAIT_S)

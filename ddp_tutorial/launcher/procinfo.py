@@ -1,8 +1,5 @@
-"""What a process is, asked of psutil (Linux, macOS and Windows alike): the one place the kit asks.
-
-A process can exit while it is asked about: each question then answers None (or leaves it out),
-never raises. A zombie (exited, not yet reaped) counts as gone. An answer is a moment's truth.
-"""
+"""What a process is, asked of psutil: the one place the kit asks. A process that exits while
+asked about answers None (or is left out), never raises; a zombie counts as gone."""
 
 from __future__ import annotations
 
@@ -36,8 +33,3 @@ def group(pid: int) -> Optional[int]:
 def group_members(pgid: int) -> List[int]:
     """Processes of group ``pgid`` still running (not zombies), its leader aside."""
     return [pid for pid in psutil.pids() if pid != pgid and group(pid) == pgid and alive(pid)]
-
-
-def cmdline(pid: int) -> Optional[List[str]]:
-    """The argv of ``pid``; None if it is gone (or a zombie, whose argv is empty)."""
-    return _ask(pid, lambda p: p.cmdline()) or None

@@ -1,7 +1,5 @@
-"""What one launch is: ``LaunchSpec``, built once from ``launch()``'s arguments, each checked.
-
-Like torchrun's ``WorkerSpec``: the rest of the package reads the spec, never a raw argument.
-"""
+"""``LaunchSpec``, built once from ``launch()``'s arguments, each checked: like torchrun's
+``WorkerSpec``, the rest of the launcher reads the spec, never a raw argument."""
 
 from __future__ import annotations
 
@@ -31,8 +29,8 @@ _ARG_CHECKS: Dict[Tuple[str, ...], Callable] = {}
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """One launch, checked: ``launch()``'s arguments as its docstring says, with ``target``, the
-    script as ``(path,)`` or ``("-m", module)``, and ``run_dir``, the claimed run folder."""
+    """``launch()``'s arguments, checked; ``target``: ``(path,)`` or ``("-m", module)``;
+    ``run_dir``: the claimed run folder."""
 
     target: Tuple[str, ...]
     world_size: int
@@ -55,8 +53,7 @@ class LaunchSpec:
     @classmethod
     def build(cls, script, world_size, args=(), *, timeout, backend, run_dir, env, echo,
               max_restarts, master_port, grace, warm) -> "LaunchSpec":
-        """Check ``launch()``'s arguments, refusing the first bad one with a ``LaunchConfigError``
-        before anything starts, then claim the run folder: a spec that exists owns its folder."""
+        """Refuse the first bad argument (``LaunchConfigError``), then claim the run folder."""
         world_size = _number("world_size", world_size, 1, MAX_WORLD_SIZE, integer=True)
         timeout = _number("timeout", timeout, 0, above=True)
         grace = _number("grace", grace, 0)
@@ -85,8 +82,7 @@ class LaunchSpec:
 
 
 def worker_script(package_file: str, name: str) -> str:
-    """Path of a worker script in the ``workers/`` folder beside ``package_file``'s module, as the
-    kit's lessons find their own: ``worker_script(__file__, "sampler_demo.py")``."""
+    """A lesson's worker script: ``worker_script(__file__, "sampler_demo.py")``."""
     path = Path(package_file).resolve().parent / "workers" / name
     if not path.is_file():
         raise FileNotFoundError(f"no worker script {path}")
@@ -94,8 +90,7 @@ def worker_script(package_file: str, name: str) -> str:
 
 
 def scripts_path(name: str) -> str:
-    """Path of one of the kit's worker scripts by file name, e.g. ``scripts_path("hello.py")``:
-    for a learner at a prompt, it looks through every ``workers/`` folder of the package."""
+    """Any of the kit's worker scripts by file name, e.g. ``scripts_path("hello.py")``."""
     found = sorted(PACKAGE_DIR.glob(f"**/workers/{name}"))
     if len(found) != 1:
         raise FileNotFoundError(f"{len(found)} worker scripts named {name!r} in {PACKAGE_DIR}")
@@ -103,13 +98,9 @@ def scripts_path(name: str) -> str:
 
 
 def check_args_with(targets: Sequence[Sequence[str]], check: Callable) -> None:
-    """Register ``check`` for a script's arguments, in each form ``launch`` resolves the script
-    to (``[path]``, ``["-m", module]``); ``launch`` calls it before it starts anything.
-
-    ``check(args, world_size, backend, run_dir) -> (backend, run_dir, run_dir_name)`` raises
-    ``ValueError`` for bad arguments, and may take the backend or the run folder from them
-    (``run_dir_name`` names where the folder came from).
-    """
+    """Register ``check(args, world_size, backend, run_dir) -> (backend, run_dir, run_dir_name)``
+    for a script (each of ``targets``: ``[path]``, ``["-m", module]``), run before anything starts:
+    it raises ``ValueError`` for bad arguments and may take the backend or run folder from them."""
     for target in targets:
         _ARG_CHECKS[tuple(target)] = check
 
@@ -130,8 +121,8 @@ def _refuse(name: str, allowed: str, value) -> LaunchConfigError:
 
 
 def _number(name: str, value, low, high=None, integer: bool = False, above: bool = False):
-    """``value`` as an int (``integer``) from ``low`` to ``high``, or as a finite number of seconds
-    > ``low`` (``above``) or >= it; bools, strings (and floats for an integer) are refused."""
+    """``value`` as an int from ``low`` to ``high`` (``integer``), else as finite seconds >= ``low``
+    (> with ``above``); bools and strings are refused."""
     if integer:
         allowed = f"an integer >= {low}" + (f" and <= {high}" if high is not None else "")
     else:
@@ -198,7 +189,7 @@ def _env_param(env) -> Dict[str, str]:
 
 
 def _resolve_script(script) -> List[str]:
-    """``[path]`` or ``["-m", module]`` for the worker command line; checks it exists."""
+    """``[path]`` or ``["-m", module]``, checked to exist."""
     text = _path_text("script", script).strip()
     if text.startswith("-m "):
         module = text[3:].strip()

@@ -1,6 +1,5 @@
-"""One attempt: each rank's environment, the store's socket for rank 0, and ``WorkerGroup``,
-the ranks' output and exits watched from the calling thread on one ``select.poll``.
-"""
+"""One attempt: each rank's environment and ``WorkerGroup``, the ranks' output and exits watched
+from the calling thread on one ``select.poll``."""
 
 from __future__ import annotations
 
@@ -20,8 +19,8 @@ from ddp_tutorial.launcher import net, procgroup
 from ddp_tutorial.launcher.errors import LaunchError
 from ddp_tutorial.launcher.spec import PACKAGE_DIR, LaunchSpec
 
-#: Seconds to read what the ranks wrote before they exited (what a grandchild that left their
-#: process group still holds open is not waited for longer).
+#: Seconds to read what the ranks wrote before they exited (a pipe that a grandchild which left
+#: the rank's group holds open is not waited for longer).
 DRAIN_S = 2.0
 # torch prefixes each line of a rank's uncaught exception with "[rankN]:".
 _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
@@ -29,8 +28,8 @@ _WATCH: Dict[int, tuple] = {}  # pid -> (launcher's end, ranks' end) of the watc
 
 
 def launcher_watch() -> socket.socket:
-    """The ranks' end of a socket pair whose other end only this process holds: it reads end-of-file
-    once this process is gone, however it ended, and the ranks then kill their groups."""
+    """The ranks' end of a socket pair whose other end only this process holds: end-of-file there
+    means this process is gone, however it ended, and the ranks then kill their groups."""
     if os.getpid() not in _WATCH:  # none yet, or we are a fork: our parent's is not ours
         _WATCH.clear()
         _WATCH[os.getpid()] = socket.socketpair()
@@ -38,13 +37,10 @@ def launcher_watch() -> socket.socket:
 
 
 def worker_env() -> Dict[str, str]:
-    """The environment every process the kit starts to run a script begins with.
-
-    This process's environment without an outer launcher's variables (torchrun's contract,
-    ``TORCHELASTIC_*``, the kit's per-launch ones: a check run inside a rank must not look like
-    that rank), the package on PYTHONPATH, unbuffered output, gloo's and nccl's sockets on
-    loopback, and one thread per rank unless asked otherwise (N ranks x all cores thrash).
-    """
+    """The environment every process the kit starts to run a script begins with: ours without an
+    outer launcher's variables (a check run inside a rank must not look like that rank), the
+    package on PYTHONPATH, unbuffered output, gloo and nccl on loopback, and one thread per rank
+    unless asked otherwise (N ranks x all cores thrash)."""
     outer = set(envvars.TORCHRUN_CONTRACT) | {envvars.STORE, envvars.LAUNCHER_FD}
     env = {k: v for k, v in os.environ.items()
            if k not in outer and not k.startswith("TORCHELASTIC_")}
@@ -59,9 +55,8 @@ def worker_env() -> Dict[str, str]:
 
 
 def rank_env(spec: LaunchSpec, rank: int, port: int, attempt: int, store: str) -> Dict[str, str]:
-    """One rank's environment: ``worker_env()``, torchrun's contract, the kit's variables, then
-    ``spec.env``. ``store``: how rank 0's bootstrap hosts the store, ``"fd:N"`` (the socket
-    ``launch`` bound) or ``"bind"`` (MASTER_PORT); ``"join"`` for the other ranks."""
+    """``worker_env()``, torchrun's contract, the kit's variables, then ``spec.env``. ``store``:
+    ``"fd:N"`` (rank 0 hosts on the socket ``launch`` bound), ``"bind"`` or ``"join"``."""
     env, world = worker_env(), str(spec.world_size)
     env.update({
         "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "WORLD_SIZE": world,
@@ -76,14 +71,12 @@ def rank_env(spec: LaunchSpec, rank: int, port: int, attempt: int, store: str) -
     return env
 
 
-#: One attempt's ranks (``group``) and how they started: ``number`` (0, then one more per restart),
-#: the store's ``port``, ``start_mode`` ("warm" or "cold") and ``cold_reason`` (None when warm).
+#: One attempt (``number`` 0, one more per restart): its ranks, the store's port, how it started.
 Attempt = namedtuple("Attempt", "number group port start_mode cold_reason")
 
 
 def start_attempt(spec: LaunchSpec, number: int, cold_reason: Optional[str]) -> Attempt:
-    """Start one attempt's ranks (warm if ``cold_reason`` is None); rank 0 gets the store's
-    listening socket (or binds ``spec.master_port``)."""
+    """Start one attempt's ranks (warm if ``cold_reason`` is None)."""
     try:
         sock = None if spec.master_port else net.listen_socket()
     except OSError as exc:
@@ -103,14 +96,12 @@ def start_attempt(spec: LaunchSpec, number: int, cold_reason: Optional[str]) -> 
 
 
 class WorkerGroup:
-    """The processes of one attempt, one per environment in ``envs``, each running ``cmd``;
-    ``echo`` prints every rank's lines as ``[rank r] ...`` ("all"), rank 0's, or none.
+    """The processes of one attempt, one per environment in ``envs``, each running ``cmd``.
 
     Attributes:
         output: rank -> the lines it printed, torch's ``[rankN]:`` prefix removed.
         exit_codes: rank -> its exit code once reaped (negative: killed by that signal), else None.
-        exit_seen: rank -> ``time.monotonic()`` when its exit was first seen (for a rank killed by
-            a signal, which leaves no note of when it failed).
+        exit_seen: rank -> ``time.monotonic()`` when its exit was first seen.
         procs: the ranks, ``subprocess.Popen`` or ``warm.WarmRank``.
         scripts_done: ranks whose script ended well while the process stays (rank 0 keeps the
             store until the others exit: ``rank/store.py``).
@@ -127,8 +118,7 @@ class WorkerGroup:
         self._poll = select.poll()
         self._pipes: Dict[int, tuple] = {}  # fd -> (rank, decoder, stream)
         self._partial: Dict[int, str] = {r: "" for r in range(len(envs))}
-        # Rank 0 writes here when its script has ended, and keeps the store until this end
-        # closes, once the other ranks have exited (``reap``).
+        # Rank 0 writes here when its script has ended, and keeps the store until this end closes.
         self._peers, rank0_peers = socket.socketpair() if len(envs) > 1 else (None, None)
         if self._peers is not None:
             self._poll.register(self._peers.fileno(), select.POLLIN)
@@ -210,8 +200,7 @@ class WorkerGroup:
 
     def wait(self, deadline: float, until: Callable[[], bool] = lambda: False,
              tick: float = 0.05) -> bool:
-        """Handle output and exits until every rank is reaped, ``until()``, or ``deadline``;
-        True if all were reaped."""
+        """Handle output and exits until all are reaped (True), ``until()`` or ``deadline``."""
         while True:
             self.reap()
             left = deadline - time.monotonic()
@@ -220,13 +209,10 @@ class WorkerGroup:
             self.pump(min(tick, left))
 
     def ask_for_stacks(self, answered: Callable[[int], Optional[bool]], timeout_s: float) -> None:
-        """Ask every live rank that can answer (``answered(rank)`` is not None) for its Python
-        stacks (``envvars.stacks_signal()``), then handle output and exits until each has
-        ``answered``, exited, or ``timeout_s`` passed.
-
-        Every rank answers while all still run: a rank stopped first would close its connections,
-        and a peer's stack would then show it failing instead of where it waited.
-        """
+        """Signal every live rank that can answer (``answered(rank)`` is not None) for its stacks
+        and wait until each ``answered``, exited, or ``timeout_s`` passed. All are asked while all
+        still run: a rank stopped first would close its connections, and its peers' stacks would
+        show them failing instead of where they waited."""
         self.reap()
         asked = [r for r, p in enumerate(self.procs)
                  if p.returncode is None and answered(r) is not None]

@@ -1,10 +1,7 @@
-"""Warm ranks (optional): forked by Python's own forkserver, which has imported torch once.
-
-A cold rank pays for ``import torch`` at every launch; a warm one is forked from multiprocessing's
-forkserver (``set_forkserver_preload``), then makes itself what a cold rank is (``bootstrap.py``'s
-``run_warm``). One switch decides (``use_warm``). What differs from a cold rank, and why macOS
-starts cold: docs/warm-launches.md. ``warm=False`` gives the exact torchrun behaviour.
-"""
+"""Warm ranks (optional): forked by multiprocessing's forkserver, which imported torch once
+(``set_forkserver_preload``); each then makes itself what a cold rank is (``bootstrap.run_warm``).
+One switch decides (``use_warm``); how they differ, and why macOS starts cold:
+docs/warm-launches.md."""
 
 from __future__ import annotations
 
@@ -22,13 +19,13 @@ from typing import Dict, List, Optional
 from ddp_tutorial import envvars
 from ddp_tutorial.launcher.spec import BOOTSTRAP
 
-#: What the forkserver imports before it forks any rank. Not ``torch._dynamo`` (which DDP's
-#: constructor imports): with it imported before ``init_process_group`` (which then clears
-#: dynamo's caches, torch/distributed/distributed_c10d.py), a DDP model freed after
-#: ``destroy_process_group`` can deadlock where a cold rank does not (docs/warm-launches.md).
+#: What the forkserver imports before it forks. Not ``torch._dynamo``: imported before
+#: ``init_process_group`` (which then clears dynamo's caches, distributed_c10d.py), a DDP model
+#: freed after ``destroy_process_group`` can deadlock where a cold rank does not
+#: (docs/warm-launches.md).
 PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "ddp_tutorial.envvars"]
-#: Variables torch may read once, when it is imported (TORCH_DISTRIBUTED_DEBUG, for one): a launch
-#: that sets one starts cold, since the forkserver imported torch without it.
+#: Variables torch may read when imported (TORCH_DISTRIBUTED_DEBUG...): a launch setting one starts
+#: cold, since the forkserver imported torch without it.
 READ_AT_IMPORT = ("TORCH_", "PYTORCH_", "OMP_", "MKL_", "KMP_")
 
 
@@ -60,10 +57,9 @@ def context() -> multiprocessing.context.BaseContext:
 
 @contextlib.contextmanager
 def _without_main():
-    """While a rank starts, the forkserver's child does not re-run the launching program's
-    ``__main__`` (as ``__mp_main__``): a script that calls ``launch`` without an ``if __name__ ==
-    "__main__":`` block launches once. ``Popen._launch`` reads ``spawn.get_preparation_data`` by
-    name at each start: it is swapped for one start only."""
+    """The forkserver's child does not re-run the launching program's ``__main__``: a script calling
+    ``launch`` without ``if __name__ == "__main__":`` launches once. (``Popen._launch`` reads
+    ``spawn.get_preparation_data`` at each start: swapped for one start only.)"""
     with_main = spawn.get_preparation_data
 
     def without_main(name):
@@ -80,8 +76,8 @@ def _without_main():
 
 
 class WarmRank:
-    """A rank forked by the forkserver, with the parts of ``subprocess.Popen`` that ``launch`` uses;
-    ``stdout`` is the launcher's end of the socket pair the rank writes its output to."""
+    """A rank forked by the forkserver, with what ``launch`` uses of ``subprocess.Popen``;
+    ``stdout``: our end of the socket pair the rank writes its output to."""
 
     def __init__(self, argv: List[str], env: Dict[str, str], store: Optional[socket.socket],
                  launcher_end: socket.socket, peers: Optional[socket.socket] = None):
@@ -100,8 +96,7 @@ class WarmRank:
         self.returncode: Optional[int] = None
 
     def exited(self) -> bool:
-        """Whether it exited, its exit code left unread (``returncode`` stays None, so ``procgroup``
-        may still signal its group: the rank's pid cannot lead another's yet)."""
+        """Whether it exited; ``returncode`` stays None (``procgroup`` may signal its group)."""
         sentinel = self._process.sentinel
         return self.returncode is not None or bool(multiprocessing.connection.wait([sentinel], 0))
 
@@ -125,9 +120,8 @@ def prestart_warm() -> None:
 
 
 def warm_ready(timeout: float = 60.0) -> bool:
-    """Start the forkserver (if launches are warm) and wait until it has imported ``PRELOAD``;
-    True if ready, False where launches start cold. A launch's deadline counts from its call:
-    waiting here first keeps torch's import out of a short deadline (a check, a test)."""
+    """Start the forkserver (if launches are warm) and wait until it has imported ``PRELOAD``
+    (True; False where launches start cold): keeps torch's import out of a short deadline."""
     if use_warm(None, "gloo") is not None:
         return False
     probe = context().Process(target=int)  # the forkserver forks nothing before it has imported

@@ -1,9 +1,6 @@
-"""Start one rank: tie its life to the launcher, then run the script as ``__main__`` on plain torch.
-
-``launch`` runs ``python rank/bootstrap.py SCRIPT ARGS...`` (or ``-m MODULE ARGS...``) for each
-rank, or forks it warm (``launcher/warm.py``, then ``run_warm``). Rank 0 also hosts the store
-(``rank/store.py``). Nothing of torch is changed: the script meets what it meets under torchrun.
-"""
+"""One rank: ``python rank/bootstrap.py SCRIPT ARGS...`` (or ``-m MODULE``; warm: ``run_warm``).
+Ties the rank's life to the launcher, then runs the script as ``__main__`` on plain torch: nothing
+of torch is changed. Rank 0 also hosts the store (``rank/store.py``)."""
 
 import atexit
 import faulthandler
@@ -20,9 +17,9 @@ from ddp_tutorial.rank.store import keep_store_until_peers_exit, prepare_store
 
 
 def die_with_launcher() -> None:
-    """Kill this rank's process group the moment the process that started it is gone, however it
-    ended: under ``launch``, when the watch socket reads end-of-file (on every POSIX system, where
-    Linux's parent-death signal is Linux's only); under torchrun, when the parent changes."""
+    """Kill this rank's process group once the process that started it is gone, however it ended:
+    under ``launch`` when the watch socket reads end-of-file (every POSIX system has that, where
+    a parent-death signal is Linux's only); under torchrun when the parent changes."""
     fd = os.environ.pop(envvars.LAUNCHER_FD, None)  # the script's children must not see it
     parent = os.getppid()
     if fd is not None:
@@ -44,15 +41,12 @@ def die_with_launcher() -> None:
 
 
 class RankNotes:
-    """This rank's notes for ``launch`` (their format and reader: ``runfolder``).
-
-    The failure note is written the moment the script's exception reaches the bootstrap, before
-    the slow report: CLOCK_MONOTONIC is one clock for the machine, so ``launch`` names the rank
-    that failed *first* even when a later failure exits sooner. The stacks note holds every
-    thread's Python stack, which ``faulthandler`` (in C, so even inside a collective) writes when
-    ``launch`` asks at a deadline (``envvars.stacks_signal()``), or at SIGTERM, then dies of it.
-    The stacks signal is ignored before and after, so asking never kills a rank.
-    """
+    """This rank's notes for ``launch`` (format and reader: ``runfolder``). The failure note is
+    written the moment the script's exception arrives, on the machine's one monotonic clock, so
+    ``launch`` names the rank that failed *first*. The stacks note: every thread's Python stack,
+    which ``faulthandler`` (in C, so even inside a collective) writes when ``launch`` asks
+    (``envvars.stacks_signal()``) or at SIGTERM. The signal is ignored before and after: asking
+    never kills a rank."""
 
     #: Errors that say a peer went away first: this rank's failure is a consequence of another's.
     PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
@@ -72,9 +66,8 @@ class RankNotes:
         self._stacks_path = path
 
     def failed(self, failed_at: float, code: int, error: "BaseException | None" = None) -> None:
-        """Note a failure at ``failed_at``; SIGTERM no longer cuts the report short (``launch``
-        stops the others as soon as one fails: this traceback is worth the grace). ``peer_gone``:
-        ``error`` says a peer's connection closed, so ``launch`` orders this failure last."""
+        """Note a failure at ``failed_at`` (``peer_gone``: ``error`` says a peer's connection
+        closed); from now on SIGTERM does not cut the traceback's report short."""
         faulthandler.unregister(signal.SIGTERM)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         peer_gone = isinstance(error, Exception) and any(s in str(error) for s in self.PEER_GONE)
@@ -102,9 +95,8 @@ def _stop_answering(stacks_signal_handler) -> None:
 
 
 def run_rank() -> None:
-    """What every rank does once it exists, started cold or forked warm: host or join the store,
-    run the script (``sys.argv[1:]``) as ``__main__``, report its exception as Python would,
-    and exit skipping the interpreter's cleanup."""
+    """Host or join the store, run the script (``sys.argv[1:]``) as ``__main__``, report its
+    exception as Python would, and exit skipping the interpreter's cleanup."""
     prepare_store()
     run_dir = os.environ.get(envvars.RUN_DIR)
     try:  # notes help; a rank runs without them
@@ -130,9 +122,8 @@ def run_rank() -> None:
 
 def exit_skipping_interpreter_cleanup(code: int) -> None:
     """Exit with ``code`` after atexit handlers and flushed output, skipping the interpreter's
-    cleanup, which would garbage-collect every object torch made, slowly, and can abort destroying
-    gloo's objects that late ("terminate called without an active exception"). The script's own
-    teardown has run by then. ``train.py`` leaves this way too, under torchrun as well."""
+    cleanup: it garbage-collects every object torch made, slowly, and can abort destroying gloo's
+    ("terminate called without an active exception"). train.py ends so under torchrun too."""
     try:
         atexit._run_exitfuncs()
     finally:
@@ -151,8 +142,8 @@ RUNS_THE_SCRIPT = "_ddp_tutorial_runs_the_script"
 
 
 def script_frames(tb):
-    """The traceback without this file's, runpy's and the frames of modules that set
-    ``RUNS_THE_SCRIPT``: it starts in the script. None if every frame is theirs."""
+    """The traceback from the script's first frame on (past this file, runpy and modules that
+    set ``RUNS_THE_SCRIPT``); None if every frame is theirs."""
     own = {os.path.abspath(f) for f in (__file__, runpy.__file__)}
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
@@ -176,8 +167,8 @@ def exit_code(exc: BaseException) -> int:
 
 
 def run_script(argv=None) -> None:
-    """Run ``argv`` (``SCRIPT ARGS...`` or ``-m MODULE ARGS...``; default ``sys.argv[1:]``) as
-    ``__main__``, with ``sys.argv`` and ``sys.path[0]`` as ``python`` sets them."""
+    """Run ``argv`` (default ``sys.argv[1:]``) as ``__main__``, ``sys.argv`` and ``sys.path[0]``
+    set as ``python`` sets them."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[0] == "-m":
         sys.path[0] = os.getcwd()
@@ -191,10 +182,8 @@ def run_script(argv=None) -> None:
 
 
 def run_warm(argv, env, sockets) -> None:
-    """A warm rank (``launcher/warm.py``), forked with torch imported: made what a cold rank is
-    (a session of its own, its output on ``sockets["out"]``, the rank's whole environment
-    ``env``), then run as one. ``sockets``: also the launcher's watch, and rank 0's store and peers
-    sockets (else None)."""
+    """A warm rank, forked with torch imported, made what a cold rank is (its own session, output on
+    ``sockets["out"]``, environment ``env``), then run as one."""
     os.setsid()  # a process group of its own, as a cold rank's start_new_session gives it
     out = sockets["out"].detach()
     for fd in (1, 2):
@@ -214,8 +203,7 @@ def run_warm(argv, env, sockets) -> None:
 
     if env.get("OMP_NUM_THREADS", "").isdigit():  # torch read the forkserver's when imported
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
-    # A new process draws a fresh seed for torch's generator (Python's `random` reseeds itself
-    # after a fork); a forked rank would share the forkserver's: per-rank random data must differ.
+    # A new process draws a fresh seed (Python's `random` reseeds after a fork; torch does not).
     torch.seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()

@@ -1,9 +1,6 @@
-"""Rank 0 hosts the rendezvous store on the loopback socket ``launch`` bound; every rank joins it.
-
-The store starts as soon as the script has imported torch (a script that never does pays nothing).
-Every rank's env:// joins it as a client (TORCHELASTIC_USE_AGENT_STORE=True), as torchrun's ranks
-join their agent's store: no store listens on other interfaces.
-"""
+"""Rank 0 hosts the rendezvous store on the loopback socket ``launch`` bound, once the script has
+imported torch; every rank's env:// joins it (TORCHELASTIC_USE_AGENT_STORE=True), as torchrun's
+ranks join their agent's: no store listens on other interfaces."""
 
 import importlib.util
 import os
@@ -17,9 +14,8 @@ _PEERS = []
 
 
 def store_socket(spec: str):
-    """(descriptor, port) of the store's listening socket: ``spec`` (``envvars.STORE``) is
-    ``fd:N``, the socket ``launch`` bound, or ``bind``, MASTER_ADDR:MASTER_PORT bound here (a fixed
-    ``master_port``; OSError if it is taken)."""
+    """(descriptor, port) of the store's socket: ``spec`` ``fd:N``, the socket ``launch`` bound,
+    or ``bind``: bind MASTER_ADDR:MASTER_PORT here (OSError if taken)."""
     import socket  # rank 0 only
 
     if spec.startswith("fd:"):
@@ -43,8 +39,8 @@ def store_socket(spec: str):
 
 
 def host_store(fd: int, port: int) -> None:
-    """Host the rendezvous store on the listening socket ``fd`` for the rest of this process
-    (the default libuv server takes one from torch 2.8 on: pytorch/pytorch#150215)."""
+    """Host the store on the listening socket ``fd`` for the rest of this process (the libuv
+    server takes one from torch 2.8 on: pytorch/pytorch#150215)."""
     import datetime
 
     from torch.distributed import TCPStore
@@ -72,8 +68,7 @@ class _AfterTorchImport:
 
 
 def prepare_store() -> None:
-    """Under ``launch``: rank 0 takes the store's socket now, and hosts the store once torch is in;
-    the other ranks (``join``) and ranks of another launcher have nothing to do."""
+    """Rank 0 under ``launch``: take the store's socket now, host the store once torch is in."""
     spec = os.environ.pop(envvars.STORE, None)  # the script's children must not see it
     peers = os.environ.pop(envvars.PEERS_FD, None)
     if peers is not None:
@@ -93,13 +88,9 @@ def prepare_store() -> None:
 
 
 def keep_store_until_peers_exit() -> None:
-    """Rank 0, its script done and successful: keep the store it hosts until the others exited.
-
-    torchrun's agent hosts its ranks' store for the whole run, so a rank that finishes first never
-    takes it from a peer still joining or leaving the group. Rank 0 tells ``launch`` its script is
-    done (one byte: it no longer counts as running), then waits until ``launch`` closes the other
-    end, once the other ranks have exited. Stopped meanwhile (another rank failed), it exits 0.
-    """
+    """Rank 0, its script done and successful: keep the store until the others exited, as
+    torchrun's agent keeps it for the whole run. One byte tells ``launch`` the script is done;
+    ``launch`` closes the other end once the other ranks exited. Stopped meanwhile, it exits 0."""
     if not (_STORE and _PEERS):
         return
     import signal
