@@ -1,8 +1,5 @@
-"""ddp-tutorial: learn DistributedDataParallel by running it and measuring each step.
+"""ddp-tutorial: learn DistributedDataParallel by running it and measuring each step::
 
-The notebook-facing API::
-
-    import ddp_tutorial
     run = ddp_tutorial.launch(ddp_tutorial.TRAIN_SCRIPT, world_size=4, args=["--epochs", "2"])
     ddp_tutorial.plots.plot_loss_curves(run)
 
@@ -13,7 +10,7 @@ import sys
 
 from ddp_tutorial import platforms, torch_version
 
-# Native Windows, and a torch outside the tested range, are named here in one line, not later inside a rank.
+# Native Windows, or a torch outside the tested range: one line here, not later inside a rank.
 platforms.refuse_native_windows()
 torch_version.check()
 
@@ -34,8 +31,8 @@ from ddp_tutorial.torch_version import print_versions
 # train.py's flags are checked in the kernel before a launch starts anything.
 launcher.check_args_with([[TRAIN_SCRIPT], ["-m", TRAIN_MODULE]], config.launch_settings)
 
-# In a notebook, the forkserver imports torch while the learner reads the first cells,
-# so the first launch is warm too (where launches are warm: launcher/warm.py).
+# In a notebook, the forkserver imports torch while the learner reads the first cells, so the
+# first launch is warm too (where launches are warm: launcher/warm.py).
 if "ipykernel" in sys.modules:
     launcher.prestart_warm()
 
@@ -44,9 +41,8 @@ __all__ = ["launch", "Run", "TRAIN_SCRIPT", "LaunchError", "LaunchConfigError", 
 
 
 def __getattr__(name):
-    # `ddp_tutorial.plots` on first use: it imports matplotlib, which workers never need.
-    if name == "plots":
-        import importlib
+    if name != "plots":
+        raise AttributeError(f"module 'ddp_tutorial' has no attribute {name!r}")
+    import importlib  # plots on first use: it imports matplotlib, which workers never need
 
-        return importlib.import_module("ddp_tutorial.plots")
-    raise AttributeError(f"module 'ddp_tutorial' has no attribute {name!r}")
+    return importlib.import_module("ddp_tutorial.plots")

@@ -4,8 +4,7 @@
     python -m ddp_tutorial --world-size 2 --accum-steps 4 --bug forward-outside-no-sync
     python -m ddp_tutorial --help               # every flag
 
-It prints where the results went: the run folder holds ``rank<R>.jsonl``
-(one line per micro-step), ``model.pt``, ``sync_timeline.png`` and ``loss_curves.png``.
+The run folder holds ``rank<R>.jsonl``, ``model.pt``, ``sync_timeline.png`` and ``loss_curves.png``.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from ddp_tutorial.config import TRAIN_SCRIPT
 from ddp_tutorial.launcher import LaunchError, launch
 
 
-#: The demo's defaults: a few seconds of training, a small delay so the sync timeline shows waiting.
+#: A few seconds of training, and a small delay so the sync timeline shows waiting.
 DEMO_DEFAULTS = {"straggler_ms": 3.0, "epochs": 5, "dataset_size": 4096}
 
 
@@ -49,8 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # every flag checked here, and --help
-    # train.py gets the training flags as given (all but the launch's), after the demo's defaults;
-    # launch checks a --out there against --run-dir, and trains into it.
+    # train.py gets the training flags as given, after the demo's defaults (launch checks a --out
+    # there against --run-dir).
     launch_only = add_launch_flags(argparse.ArgumentParser(add_help=False))
     train_args = [f"--{k.replace('_', '-')}={v}" for k, v in DEMO_DEFAULTS.items()]
     train_args += launch_only.parse_known_args(argv)[1]

@@ -1,14 +1,8 @@
 """Which process-group backend a rank uses: one rule, for train.py and the worker scripts.
 
-``auto`` means nccl when every rank on this node can have its own GPU, and gloo
-otherwise: on CPU, and also on a one-GPU laptop that runs 4 ranks, which then
-trains on CPU instead of failing. The rule is a pure function of the GPU count,
-so it can be checked for any machine without having one::
-
-    backend, why = choose_backend("auto", gpus=1, local_world_size=4)
-    # ("gloo", "auto: 1 GPU(s) for 4 rank(s) on this node, and nccl needs one GPU per rank")
-
-Importing this module does not import torch.
+``auto`` is nccl when every rank on this node can have its own GPU, else gloo (a one-GPU laptop
+running 4 ranks trains on CPU instead of failing). ``choose_backend`` is a pure function of the GPU
+count, so the rule is checked for any machine. Importing this module does not import torch.
 """
 
 from __future__ import annotations
@@ -20,18 +14,9 @@ BACKENDS = ("auto", "gloo", "nccl")
 
 
 def choose_backend(requested: str, gpus: int, local_world_size: int) -> Tuple[str, str]:
-    """The backend for ``requested`` on a node with ``gpus`` GPUs and ``local_world_size`` ranks.
+    """(backend, why) for ``requested`` on a node with ``gpus`` GPUs and ``local_world_size`` ranks.
 
-    Args:
-        requested: "auto", "gloo" or "nccl".
-        gpus: CUDA devices this process can see (0 without CUDA).
-        local_world_size: ranks on this node (torchrun's LOCAL_WORLD_SIZE).
-
-    Returns:
-        (backend, why): "gloo" or "nccl", and one line that says why.
-
-    Raises:
-        ValueError: an unknown backend, or nccl without one GPU per rank on this node.
+    ValueError: an unknown backend, or nccl without one GPU per rank on this node.
     """
     if requested not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
@@ -44,9 +29,9 @@ def choose_backend(requested: str, gpus: int, local_world_size: int) -> Tuple[st
             raise ValueError("backend nccl needs CUDA GPUs, but this process sees none; "
                              "use --backend gloo (or auto) on CPU")
         if not one_each:
-            raise ValueError(f"backend nccl needs one GPU per rank: this node runs {local_world_size} "
-                             f"ranks but has {gpus} GPU(s); start at most {gpus} ranks per node, "
-                             "or use --backend auto to train on CPU")
+            raise ValueError(f"backend nccl needs one GPU per rank: this node runs "
+                             f"{local_world_size} ranks but has {gpus} GPU(s); start at most "
+                             f"{gpus} ranks per node, or use --backend auto to train on CPU")
         return "nccl", f"asked for nccl ({have})"
     if one_each:
         return "nccl", f"auto: {have}, one GPU per rank"
@@ -63,10 +48,6 @@ def gpu_count() -> int:
 
 
 def backend_for_this_node(requested: str = "auto") -> Tuple[str, str]:
-    """``choose_backend`` for this process: its visible GPUs and torchrun's LOCAL_WORLD_SIZE.
-
-    Args:
-        requested: "auto", "gloo" or "nccl".
-    """
+    """``choose_backend`` for this process: its visible GPUs and torchrun's LOCAL_WORLD_SIZE."""
     ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
     return choose_backend(requested, gpu_count(), ranks_here)

@@ -2,9 +2,8 @@
 
     python -m ddp_tutorial.bench [--quick] [--out FOLDER]   # --help: the modes that run one thing
 
-It prints one table: the lab of notebook 07 (``lessons/performance/``), then the kit's own speed,
-measured side by side in the same run by the maintainer's tools (``maintainer/launch_speed.py``;
-in full mode ``maintainer/suite.py``'s notebook suite, cold, then warm). No torch here.
+One table: notebook 07's lab (``lessons/performance/``), then the kit's own speed in the same run
+(``maintainer/``: launch speed; in full mode the notebook suite, cold then warm). No torch here.
 """
 
 from __future__ import annotations
@@ -21,13 +20,13 @@ from ddp_tutorial.lessons.performance.costmodel import GB, ring_time, sweep_tabl
 from ddp_tutorial.lessons.performance.measure import (
     accumulation_ratios, allreduce_sweep, ddp_lab, gpu_part, ms, plain_crosscheck, projection, size)
 from ddp_tutorial.lessons.table import text_table
-from ddp_tutorial.maintainer import launch_speed, suite
+from ddp_tutorial.maintainer import launch_speed, record, suite
 
 
 def run_bench(quick: bool = False, out: Optional[str] = None,
               notebooks: Optional[bool] = None) -> Dict:
-    """Every measurement and its analysis; ``bench.json`` and the figures into folder ``out``.
-    ``notebooks``: time the notebook suite (default: in full mode only)."""
+    """Every measurement and its analysis, saved into ``out``; ``notebooks``: time the notebook
+    suite (default: in full mode only)."""
     t0 = time.perf_counter()
     results: Dict = {"quick": quick, "section_seconds": {}}
 
@@ -38,14 +37,15 @@ def run_bench(quick: bool = False, out: Optional[str] = None,
 
     timed("allreduce", allreduce_sweep, (2, 4), quick=quick)
     timed("crosscheck", plain_crosscheck, results["allreduce"])
-    timed("ddp", ddp_lab, 2, quick=quick)
+    timed("ddp", ddp_lab, 2, quick=quick,  # not grad_view: nothing the bench prints reads it
+          sections=["buckets", "overlap", "accumulation", "overhead", "fidelity"])
     results["accumulation"] = accumulation_ratios(results["ddp"]["accumulation"])
     results["projection"] = projection(results["allreduce"], results["ddp"])
-    # quick: 2 ranks once (a 4-rank cold comparison costs 16 torch imports); full: 4 ranks, 3 times
+    # quick: 2 ranks once (a 4-rank cold comparison costs 16 torch imports)
     timed("launch", launch_speed.launch_speed, 1 if quick else 3, world_size=2 if quick else 4)
     timed("gpu", gpu_part, quick)
     if notebooks if notebooks is not None else not quick:
-        timed("notebooks_cold", suite.notebook_suite, warm=False)  # as before warm launches
+        timed("notebooks_cold", suite.notebook_suite, warm=False)
         timed("notebooks", suite.notebook_suite)
     results["bench_seconds"] = time.perf_counter() - t0
     if out:
@@ -73,7 +73,6 @@ def save(results: Dict, out: str) -> None:
         matplotlib.pyplot.close(figure)
 
 
-# -- The table ------------------------------------------------------------------
 def bucket_speedup(lab: Dict) -> float:
     """Backward's time at the worst bucket size over its time at the best."""
     times = [r["backward_s"] for r in lab["buckets"]]
@@ -162,7 +161,7 @@ def format_table(results: Dict) -> str:
 
 
 def headline_numbers(results: Dict) -> Dict[str, float]:
-    """The fits and ratios the bench exists to produce, by name (tests check they are finite)."""
+    """The fits and ratios the bench exists to produce, by name."""
     fit, ddp, launch = results["allreduce"]["fit"], results["ddp"], results["launch"]
     return {
         "alpha_s": fit["alpha_s"], "bandwidth": fit["bandwidth"], "r2": fit["r2"],
@@ -205,9 +204,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
              "1, then 2 (needs root: see docs/grading.md)")
     add("--grade-jobs", default="1,2", metavar="N,N",
         help="with --grade: the --jobs values to compare (default: 1,2)")
-    args = parser.parse_args(argv)
+    add("--suite", action="store_true",
+        help="after the table, run the README's `pytest` once in a fresh clone (about 10 min)")
+    return record.main("ddp_tutorial.bench", parser, _main, argv)
+
+
+def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.suite and (args.grade is not None or args.sharding or (args.notebooks or 0) > 0):
+        parser.error("--suite goes with the bench's table, not with --grade, --sharding or "
+                     "--notebooks N")
     if args.grade is not None:
-        from ddp_tutorial.teacher.grade import classbench  # only here: the rest does not need it
+        from ddp_tutorial.teacher.grade import classbench  # lazily: only this mode needs it
 
         rows = classbench.run(args.grade, [int(n) for n in args.grade_jobs.split(",")])
         print(classbench.format_rows(rows), flush=True)
@@ -215,7 +222,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.sharding:
         if args.quick or args.out or args.notebooks is not None or args.busy_core:
             parser.error("--sharding goes alone")
-        from ddp_tutorial.lessons import sharding  # only here: the rest does not need it
+        from ddp_tutorial.lessons import sharding  # lazily: only this mode needs it
 
         print(sharding.report(sharding.run_lab()), flush=True)
         return 0
@@ -233,8 +240,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
            if not (isinstance(v, (int, float)) and math.isfinite(v))]
     if bad:
         print(f"not finite: {', '.join(bad)}", file=sys.stderr)
-        return 1
-    return 0
+    code = 1 if bad else 0
+    if args.suite:  # the README's pytest, side by side with the table in one run
+        code |= suite.report(suite.suite_runs(1))
+    return code
 
 
 if __name__ == "__main__":

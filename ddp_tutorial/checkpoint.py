@@ -1,11 +1,6 @@
-"""Checkpoints, all in one place: the atomic save, the load, train.py's exact resume, and the check
-of a checkpoint against the run that resumes from it.
-
-Both sides import this module. The kernel calls ``check_settings`` alone, on the standard library,
-to refuse a wrong ``--checkpoint`` before any process starts; the ranks call the rest, which import
-torch when called. ``Checkpointer`` is train.py's ``--checkpoint``/``--save-every`` (through
-``rank/instrument.py``): every rank loads the file onto its own device; rank 0 alone saves, then
-every rank meets at a barrier.
+"""Checkpoints: the atomic save, the load, train.py's exact resume, and the check of a checkpoint
+against the run that resumes from it. The kernel calls ``check_settings`` (standard library only)
+before any process starts; the rest runs on the ranks and imports torch when called.
 """
 
 from __future__ import annotations
@@ -20,12 +15,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
 PathLike = Union[str, os.PathLike]
-#: What must match between a checkpoint and the run resuming from it: the
-#: position in an epoch names the same samples only for the same split.
+#: What must match between a checkpoint and the run resuming from it: the position in an epoch
+#: names the same samples only for the same split.
 SETTINGS = ("world_size", "batch_size", "accum_steps", "dataset_size", "seed")
 #: Where training stands in a checkpoint (besides the model and the optimizer).
 POSITION = ("epoch", "micro", "step", "optimizer_steps")
-#: The largest pickle part of a checkpoint ``read_settings`` reads (tensors are stored apart).
+#: The largest pickle part ``read_settings`` reads (tensors are stored apart).
 MAX_PICKLE_BYTES = 64 << 20
 
 
@@ -39,7 +34,6 @@ def settings_of(args, world_size: int) -> Dict[str, Any]:
     return {k: values[k] for k in SETTINGS}
 
 
-# -- The check, without torch ------------------------------------------------------
 class _Placeholder:
     """Any object a checkpoint's pickle builds (tensors, storages, classes): nothing runs."""
 
@@ -48,23 +42,20 @@ class _Placeholder:
 
     __setstate__ = __setitem__ = __init__  # take what the pickle sets, and keep none of it
 
-    def __call__(self, *args, **kwargs):
-        return _Placeholder()
-
 
 class _SettingsUnpickler(pickle.Unpickler):
-    """Unpickles plain data; every class and function it names becomes a ``_Placeholder``."""
+    """Unpickles plain data; every class and function it names becomes ``_Placeholder``."""
 
     def find_class(self, module, name):
-        return OrderedDict if (module, name) == ("collections", "OrderedDict") else _Placeholder()
+        return OrderedDict if (module, name) == ("collections", "OrderedDict") else _Placeholder
 
     def persistent_load(self, pid):  # tensor storages live outside the pickle
         return _Placeholder()
 
 
 def read_settings(path: PathLike) -> Dict[str, Any]:
-    """The top-level entries of a checkpoint that are plain numbers or strings, read without torch;
-    CheckpointError if ``path`` is not a file ``torch.save`` wrote (a zip with a data.pkl)."""
+    """A checkpoint's top-level numbers and strings, read without torch; CheckpointError if
+    ``path`` is not a file ``torch.save`` wrote (a zip with a data.pkl)."""
     try:
         with zipfile.ZipFile(path) as z:
             pkl = [i for i in z.infolist() if ("/" + i.filename).endswith("/data.pkl")]
@@ -85,8 +76,7 @@ def read_settings(path: PathLike) -> Dict[str, Any]:
 
 def check_settings(path: PathLike, now: Dict[str, Any], saved: Optional[dict] = None) -> None:
     """CheckpointError unless ``path`` is a training checkpoint made with ``now``'s settings: the
-    one check, the kernel's on the file read without torch (``saved`` None), each rank's on the
-    checkpoint it loaded (``saved``)."""
+    kernel's check (``saved`` None: read without torch), and each rank's on what it loaded."""
     saved = read_settings(path) if saved is None else saved
     missing = [k for k in (*now, *POSITION) if k not in saved]
     if missing:
@@ -99,7 +89,6 @@ def check_settings(path: PathLike, now: Dict[str, Any], saved: Optional[dict] = 
                               "same settings, or start from a new --checkpoint")
 
 
-# -- Save and load, on the ranks ---------------------------------------------------
 def temp_files(path: PathLike) -> List[Path]:
     """Temporary files of unfinished saves of ``path`` (left behind by a killed writer)."""
     path = Path(path)
@@ -110,8 +99,7 @@ def save_checkpoint(state: Dict[str, Any], path: PathLike) -> Path:
     """Write ``state`` to ``path`` atomically: a crash leaves the previous checkpoint or none.
 
     A temporary file of its own in the same folder (``os.replace`` is atomic only within one file
-    system; pid and a random part in its name, so concurrent writers never share one), fsynced,
-    renamed over ``path``; then the folder is fsynced, so the rename itself is on disk.
+    system), fsynced, renamed over ``path``; then the folder is fsynced, so the rename is on disk.
     """
     import torch  # here, not at the top: the kernel imports this module for check_settings
 
@@ -128,12 +116,11 @@ def save_checkpoint(state: Dict[str, Any], path: PathLike) -> Path:
     except BaseException:
         Path(name).unlink(missing_ok=True)  # only our own: another writer's may be in progress
         raise
-    if os.name == "posix":  # a folder cannot be opened for fsync on Windows
-        folder = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
+    folder = os.open(path.parent, os.O_RDONLY)  # POSIX only, as is the kit (platforms.py)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
     return path
 
 
@@ -153,7 +140,6 @@ def load_checkpoint(path: Optional[PathLike], map_location="cpu") -> Optional[Di
                               f"({type(exc).__name__}: {first})") from exc
 
 
-# -- train.py's checkpoints and the exact resume -------------------------------------
 def unwrap(model):
     """The plain model inside a DDP wrapper (what to save, load or inspect)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -162,19 +148,15 @@ def unwrap(model):
 
 
 class Checkpointer:
-    """``--checkpoint PATH --save-every N`` (``flags``: train.py's parsed flags): resume from PATH
-    if it exists, save there as training goes. It holds no reference to the model: train.py drops
-    its DDP model (and with it the process group) before step 5."""
+    """``--checkpoint PATH --save-every N`` (``flags``: train.py's): resume from PATH if it exists,
+    save there as training goes. Holds no model: train.py drops its DDP model before step 5."""
 
     def __init__(self, path: PathLike, save_every: int, flags):
         self.path, self.save_every, self.flags = path, save_every, flags
 
     def resume(self, env, model, optimizer) -> Optional[Dict[str, Any]]:
-        """Load the checkpoint into model and optimizer if it exists; returns it, or None.
-
-        Every rank loads the file itself onto its own device (a checkpoint written from ``cuda:0``
-        must not land on ``cuda:0`` everywhere), and refuses one made with other settings.
-        """
+        """Load the checkpoint (if any) into model and optimizer, onto this rank's own device (one
+        written from ``cuda:0`` must not land on ``cuda:0`` everywhere); returns it, or None."""
         saved = load_checkpoint(self.path, map_location=env.device)
         if saved is None:
             return None
@@ -185,9 +167,9 @@ class Checkpointer:
 
     def save_if_due(self, env, model, optimizer, counters: Dict[str, int], epoch: int,
                     micro_done: int, num_batches: int) -> Optional[Dict[str, int]]:
-        """Right after an optimizer step: rank 0 saves every ``save_every`` optimizer steps and at
-        epoch ends, and all ranks then meet, so none runs ahead of a checkpoint not yet on disk.
-        Every rank decides alike (same step counts). Returns the saved ``POSITION``, or None."""
+        """After an optimizer step: rank 0 saves every ``save_every`` steps and at epoch ends, then
+        all ranks meet, so none runs ahead of a checkpoint not yet on disk. Returns the saved
+        ``POSITION``, or None."""
         import torch.distributed as dist
 
         due = bool(self.save_every) and counters["optimizer_steps"] % self.save_every == 0
@@ -195,7 +177,6 @@ class Checkpointer:
             return None
         if micro_done >= num_batches:  # a finished epoch is stored as the start of the next one
             epoch, micro_done = epoch + 1, 0
-        # The model, the optimizer (its momentum), where training stands, and the settings.
         saved = {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
                  "epoch": epoch, "micro": micro_done, **counters,
                  **settings_of(self.flags, env.world_size)}

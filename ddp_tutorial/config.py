@@ -1,5 +1,5 @@
-"""train.py's flags and their checks, without torch: ``launch`` checks a run's flags in the kernel,
-before any process starts (``launch_settings``, registered with ``launcher.check_args_with``)."""
+"""train.py's flags and their checks, without torch: ``launch`` checks a run's flags in the kernel
+before any process starts (``launch_settings``)."""
 
 from __future__ import annotations
 
@@ -32,8 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_training_flags(p: argparse.ArgumentParser) -> None:
-    """Add the training flags to ``p`` (used by train.py and by ``python -m ddp_tutorial``, whose
-    ``ArgumentDefaultsHelpFormatter`` adds each one's default to its help)."""
+    """Add the training flags to ``p`` (train.py's and ``python -m ddp_tutorial``'s)."""
     g = p.add_argument_group("training")
     g.add_argument("--epochs", type=int, default=2, help="passes over the dataset")
     g.add_argument("--batch-size", type=int, default=16, help="micro-batch size per rank")
@@ -46,22 +45,22 @@ def add_training_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--straggler-ms", type=float, default=0.0,
                    help="each rank sleeps a random 0..N ms per micro-step; 0 turns it off")
     g.add_argument("--bucket-cap-mb", type=float, default=None, metavar="MIB",
-                   help="DDP gradient bucket size in MiB; None: DDP's own, 25 MiB with the "
-                        "first bucket capped at 1 MiB (an explicit 25 caps that one at 25 MiB too)")
+                   help="DDP gradient bucket size in MiB; None: DDP's own 25, the first bucket "
+                        "capped at 1 (an explicit 25 caps that one at 25 too)")
     g.add_argument("--backend", choices=BACKENDS, default=os.environ.get(envvars.BACKEND, "auto"),
                    help="process-group backend; auto: nccl when every rank on a node has a GPU of "
                         "its own, gloo otherwise (rank 0 prints which and why)")
     g.add_argument("--threads", type=int, default=1,
                    help="torch threads per rank on CPU; 0 keeps torch's default (OMP_NUM_THREADS "
-                        "if set, as launch and torchrun do, else one per core: N ranks x all "
-                        "cores oversubscribe a small machine)")
+                        "if set, else one per core: N ranks x all cores oversubscribe)")
     g.add_argument("--pg-timeout", type=float, default=300.0,
                    help="seconds a collective may wait before the process group gives up")
     g.add_argument("--out", default=rank_run_dir("runs/train"),
                    help="folder for rank<R>.jsonl metrics and rank 0's model.pt")
     g.add_argument("--no-metrics", action="store_true",
                    help="skip the per-step timing hook and metric files (for overhead checks)")
-    mistakes.add_bug_flag(g)
+    g.add_argument("--bug", action="append", default=[], choices=sorted(mistakes.BUGS) + ["all"],
+                   help="reproduce a mistake of the original demo (repeatable, or 'all')")
     c = p.add_argument_group("checkpoint and resume")
     c.add_argument("--checkpoint", default=None, metavar="PATH",
                    help="resume from PATH if it exists; save there (atomically, by rank 0) at "
@@ -71,22 +70,31 @@ def add_training_flags(p: argparse.ArgumentParser) -> None:
                         "window; 0 saves at epoch ends only")
     f = p.add_argument_group("fault injection")
     f.add_argument("--fail-at-step", type=int, default=None,
-                   help="micro-step at which --fail-rank fails (None: never), on the first attempt "
-                        "only (attempt 0: the largest TORCHELASTIC_RESTART_COUNT among the group's "
-                        "ranks), so a restart can get past it")
+                   help="micro-step at which --fail-rank fails (None: never), on the group's "
+                        "first attempt only, so a restart gets past it")
     f.add_argument("--fail-rank", type=int, default=0, help="rank that fails")
     f.add_argument("--fail-mode", choices=["raise", "exit", "hang"], default="raise",
                    help="raise an exception, exit(3), or sleep forever")
 
 
-def _number(flag: str, value, low: float, high: float = math.inf, low_open: bool = False) -> None:
-    """Refuse NaN, infinities and values outside ``low``..``high`` (``low`` excluded if ``low_open``)."""
+#: Each number flag's range: (low, high, low excluded); larger values only ever come from a typo.
+RANGES = {"--epochs": (1, math.inf, False), "--batch-size": (1, math.inf, False),
+          "--accum-steps": (1, math.inf, False), "--lr": (0, math.inf, True),
+          "--momentum": (0, 0.999, False), "--seed": (0, 2 ** 32 - 1, False),
+          "--straggler-ms": (0, 60_000, False), "--bucket-cap-mb": (0, math.inf, True),
+          "--threads": (0, 1024, False), "--pg-timeout": (0, 7 * 24 * 3600, True),
+          "--save-every": (0, math.inf, False), "--fail-at-step": (0, math.inf, False)}
+
+
+def _check_range(flag: str, value, low, high, low_open: bool) -> None:
+    """ConfigError for NaN, infinities and values outside ``low``..``high``."""
     if math.isfinite(value) and (value > low if low_open else value >= low) and value <= high:
         return
-    bounds = f"> {low:g}" if low_open else f">= {low:g}"
-    if high != math.inf:
-        bounds += f" and <= {high:g}"
-    raise ConfigError(f"{flag} must be a finite number {bounds}, got {value}")
+    bounds = f"> {low}" if low_open else (f">= {low}" if high < math.inf else f"at least {low}")
+    if high < math.inf:
+        bounds += f" and <= {high}"
+    kind = "a finite number " if isinstance(value, float) else ""
+    raise ConfigError(f"{flag} must be {kind}{bounds}, got {value}")
 
 
 def _path(flag: str, path: str, folder: bool) -> Path:
@@ -105,31 +113,18 @@ def _path(flag: str, path: str, folder: bool) -> Path:
 
 
 def validate(args: argparse.Namespace, world_size: int) -> argparse.Namespace:
-    """Raise ConfigError for flag values that cannot give a sensible run of ``world_size`` ranks:
-    ranges (NaN and infinities included), paths, an existing ``--checkpoint`` of other settings."""
-    for flag, value in (("--epochs", args.epochs), ("--batch-size", args.batch_size),
-                        ("--accum-steps", args.accum_steps)):
-        if value < 1:
-            raise ConfigError(f"{flag} must be at least 1, got {value}")
+    """ConfigError for flag values that cannot give a sensible run of ``world_size`` ranks: ranges
+    (NaN and infinities included), paths, an existing ``--checkpoint`` of other settings."""
+    for flag, (low, high, low_open) in RANGES.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:  # --bucket-cap-mb and --fail-at-step: None is their default
+            _check_range(flag, value, low, high, low_open)
     if args.dataset_size < world_size * args.batch_size:
         raise ConfigError(
             f"--dataset-size {args.dataset_size} is smaller than world_size x batch size "
             f"= {world_size} x {args.batch_size} = {world_size * args.batch_size}: "
             "some rank would get no full batch")
-    _number("--lr", args.lr, 0, low_open=True)
-    # The upper limits: larger values only ever come from a typo.
-    _number("--momentum", args.momentum, 0, 0.999)
-    if not 0 <= args.seed < 2 ** 32:
-        raise ConfigError(f"--seed must be an integer from 0 to {2 ** 32 - 1}, got {args.seed}")
-    _number("--straggler-ms", args.straggler_ms, 0, 60_000)
-    if args.bucket_cap_mb is not None:  # None: DDP's own default
-        _number("--bucket-cap-mb", args.bucket_cap_mb, 0, low_open=True)
-    if not 0 <= args.threads <= 1024:
-        raise ConfigError(f"--threads must be from 0 to 1024, got {args.threads}")
-    _number("--pg-timeout", args.pg_timeout, 0, 7 * 24 * 3600, low_open=True)
     _path("--out", args.out, folder=True)
-    if args.save_every < 0:
-        raise ConfigError(f"--save-every must be 0 or more, got {args.save_every}")
     if args.save_every and not args.checkpoint:
         raise ConfigError("--save-every needs --checkpoint PATH: where should the checkpoint go?")
     if args.checkpoint is not None and _path("--checkpoint", args.checkpoint, False).exists():
@@ -137,16 +132,14 @@ def validate(args: argparse.Namespace, world_size: int) -> argparse.Namespace:
             checkpoint.check_settings(args.checkpoint, checkpoint.settings_of(args, world_size))
         except checkpoint.CheckpointError as exc:
             raise ConfigError(f"--checkpoint: {exc}") from None
-    if args.fail_at_step is not None and args.fail_at_step < 0:
-        raise ConfigError(f"--fail-at-step must be 0 or more, got {args.fail_at_step}")
     if not 0 <= args.fail_rank < world_size:
         raise ConfigError(f"--fail-rank {args.fail_rank} is not a rank of a world of {world_size}")
-    args.bug = mistakes.chosen(args.bug)
+    args.bug = sorted(mistakes.BUGS) if "all" in args.bug else args.bug
     return args
 
 
 def parse(argv: Sequence[str], world_size: int) -> argparse.Namespace:
-    """Parse and validate training flags; raise ConfigError instead of exiting."""
+    """Parsed and validated training flags; ConfigError instead of exiting."""
     parser = build_parser()
 
     def refuse(message: str):  # argparse's message names the flag: keep it
@@ -161,11 +154,8 @@ def parse(argv: Sequence[str], world_size: int) -> argparse.Namespace:
 
 
 def launch_settings(args: List[str], world_size: int, backend: str, run_dir):
-    """``launch``'s check of train.py's flags; returns (backend, run_dir, run_dir_name).
-
-    ``--backend`` and ``--out``, when given, are the launch's backend and run folder; they must
-    agree with ``backend=`` and ``run_dir=`` if those are given too (else ConfigError).
-    """
+    """``launch``'s check of train.py's flags; returns (backend, run_dir, run_dir_name). A given
+    ``--backend`` or ``--out`` is the launch's, and must agree with ``backend=`` or ``run_dir=``."""
     parsed = parse(args, world_size)
     without_defaults = build_parser()  # what args sets, read as train.py reads it (--ou=DIR too)
     for action in without_defaults._actions:
@@ -173,7 +163,8 @@ def launch_settings(args: List[str], world_size: int, backend: str, run_dir):
     given = vars(without_defaults.parse_known_args(list(args))[0])
     if "backend" in given:
         if backend != "auto" and backend != parsed.backend:
-            raise ConfigError(f"backend={backend!r} and --backend {parsed.backend} disagree: give one")
+            raise ConfigError(f"backend={backend!r} and --backend {parsed.backend} disagree: "
+                              "give one")
         backend = parsed.backend
     if "out" not in given:
         return backend, run_dir, "run_dir"

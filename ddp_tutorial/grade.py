@@ -15,14 +15,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.grade",
                                      description=grade.__doc__.splitlines()[0])
-    parser.add_argument("submissions", help="a folder with one folder (or .zip) per learner, named for "
-                                            f"the learner, holding any of {', '.join(FILES)}")
-    parser.add_argument("--out", default="grades",
-                        help="folder for report.html, report.csv and the cache (default: grades)")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="checks run at once, each in its own sandbox (default: 1)")
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds one run of a file may take (default: 60)")
+    add = parser.add_argument
+    add("submissions", help="one folder (or .zip) per learner, named for the learner, with any of "
+                            + ", ".join(FILES))
+    add("--out", default="grades", help="for report.html, report.csv and the cache (default: grades)")
+    add("--jobs", type=int, default=1, help="checks run at once, each in its own sandbox (default: 1)")
+    add("--timeout", type=float, default=60.0, help="seconds one run of a file may take (default: 60)")
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.timeout <= 0:
         parser.error("--jobs must be at least 1 and --timeout above 0")

@@ -1,11 +1,7 @@
-"""Where was each rank? The Python stacks ranks write when a launch stops them.
-
-When ``launch``'s deadline passes, it asks every rank for its stacks
-(``envvars.stacks_signal()``), waits until each has written them, and only then stops
-the ranks: each rank's bootstrap has ``faulthandler`` write every thread's Python stack
-(``rank/bootstrap.py``, ``RankNotes``). This module turns those notes into what a
-learner needs: the main thread's stack from the script on, and the
-``torch.distributed`` call it was waiting in. Standard library only (kernel side).
+"""Where was each rank? At a launch's deadline, every rank's bootstrap has ``faulthandler`` write
+its threads' Python stacks (``rank/bootstrap.py``); this turns them into what a learner needs: the
+main thread's stack from the script on, and the ``torch.distributed`` call it was waiting in.
+Standard library only (kernel side).
 """
 
 from __future__ import annotations
@@ -20,35 +16,34 @@ _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$')
 #: What ``waiting_in`` says of a rank blocked in an async collective's ``Work.wait()``.
 ASYNC_WAIT = "Work.wait (an async collective's handle)"
-#: What it says of a rank blocked in ``torch.futures.Future.wait()`` (a Python frame of torch/futures):
-#: a future made by the script itself, or one a collective's work handed on, completes only when someone
-#: sets its result; no process group's timeout applies to it.
+#: What it says of a rank blocked in ``torch.futures.Future.wait()``: such a future completes only
+#: when someone sets its result; no process group's timeout applies to it.
 FUTURE_WAIT = "Future.wait (a torch.futures.Future)"
 _FUTURES = "torch/futures/__init__.py"
 _WAIT_CALL = re.compile(r"(?<!\bos)\.wait\(")  # not os.wait(): that waits for a child process
 #: Frames of the machinery that starts a rank, left out of what a learner reads.
 _MACHINERY = ("/rank/bootstrap.py", "/runpy.py", "<frozen runpy>")
+Frame = Tuple[str, str, str]  # (file, line, function)
 
 
-def _starts_the_rank(frame: Tuple[str, str, str]) -> bool:
-    """Whether ``frame`` is the bootstrap's ``run_rank``: below it (cold or warm) only machinery runs."""
+def _starts_the_rank(frame: Frame) -> bool:
+    """Whether ``frame`` is the bootstrap's ``run_rank``: below it only machinery runs."""
     return frame[0].endswith("/rank/bootstrap.py") and frame[2] == "run_rank"
 
 
-def _threads(text: str) -> List[Tuple[str, List[Tuple[str, str, str]]]]:
-    """faulthandler's dump as [(header, [(file, line, function), ...]), ...], most recent call first."""
-    threads: List[Tuple[str, List[Tuple[str, str, str]]]] = []
+def _threads(text: str) -> List[Tuple[str, List[Frame]]]:
+    """faulthandler's dump as [(header, [frame, ...]), ...], innermost frame first."""
+    threads: List[Tuple[str, List[Frame]]] = []
     for line in text.splitlines():
         if _THREAD.match(line):
             threads.append((line.rstrip(":").strip(), []))
-        elif threads and _FRAME.match(line):
-            m = _FRAME.match(line)
+        elif threads and (m := _FRAME.match(line)):
             threads[-1][1].append((m["file"], m["line"], m["func"].strip()))
     return threads
 
 
-def _main_thread(text: str) -> List[Tuple[str, str, str]]:
-    """The frames of the thread that runs the script, from the script on: the thread that holds ``run_rank``."""
+def _main_thread(text: str) -> List[Frame]:
+    """The frames, from the script on, of the thread that runs it (the one holding ``run_rank``)."""
     threads = _threads(text)
     for _, frames in threads:
         starts = [i for i, f in enumerate(frames) if _starts_the_rank(f)]
@@ -59,13 +54,13 @@ def _main_thread(text: str) -> List[Tuple[str, str, str]]:
 
 
 def wrote_script_stack(text: str) -> bool:
-    """Whether a dump (perhaps still being written) holds the script's whole stack: the thread that
-    runs the script has reached the frames that start the rank, which come after the script's."""
+    """Whether a dump (perhaps still being written) holds the script's whole stack: it has reached
+    the frames that start the rank, which come after the script's."""
     return any(_starts_the_rank(f) for _, frames in _threads(text) for f in frames)
 
 
 def script_stack(text: str) -> str:
-    """The main thread's stack from the script on, most recent call first, as faulthandler prints it."""
+    """The main thread's stack from the script on, innermost first, as faulthandler prints it."""
     frames = [f for f in _main_thread(text) if not any(m in f[0] for m in _MACHINERY)]
     if not frames:
         return "(no Python frames)"
@@ -75,23 +70,18 @@ def script_stack(text: str) -> str:
 def waiting_in(text: str) -> Optional[str]:
     """The ``torch.distributed`` call the script was inside, e.g. ``"all_reduce"``; None if none.
 
-    The outermost frame in ``distributed_c10d.py`` is the collective the script called
-    (inner frames are its helpers); else the outermost frame of DDP or torch.distributed; a
-    ``torch.futures.Future.wait`` is named as such; else, a script line that calls ``.wait()`` with no
-    frame of torch under it, a ``Work.wait`` (C++, no Python frame).
+    An innermost ``Future.wait`` is named so; else the outermost frame in ``distributed_c10d.py``
+    is the collective called (inner ones are its helpers); else the outermost of DDP or
+    torch.distributed; else a script line calling ``.wait()`` is a ``Work.wait`` (C++, no frame).
     """
     frames = list(reversed(_main_thread(text)))  # outermost first
-    if frames and frames[-1][0].replace("\\", "/").endswith(_FUTURES) and frames[-1][2] == "wait":
+    if frames and frames[-1][0].endswith(_FUTURES) and frames[-1][2] == "wait":
         return FUTURE_WAIT
-    for file, _, func in frames:
-        if file.replace("\\", "/").endswith("torch/distributed/distributed_c10d.py"):
-            return func
-    for file, _, func in frames:
-        path = file.replace("\\", "/")
-        if "/torch/distributed/" in path or path.endswith("torch/nn/parallel/distributed.py"):
-            return func
-    # An async collective's handle (``work = dist.all_reduce(t, async_op=True)``) waits in C++:
-    # no Python frame of torch, only the script's line that calls ``.wait()``.
+    c10d = [f for file, _, f in frames if file.endswith("torch/distributed/distributed_c10d.py")]
+    dist = [f for file, _, f in frames
+            if "/torch/distributed/" in file or file.endswith("torch/nn/parallel/distributed.py")]
+    if c10d or dist:
+        return (c10d or dist)[0]
     if frames and _WAIT_CALL.search(linecache.getline(frames[-1][0], int(frames[-1][1]))):
         return ASYNC_WAIT
     return None
@@ -100,9 +90,9 @@ def waiting_in(text: str) -> Optional[str]:
 def rank_stacks(run_dir, attempt: int, ranks) -> Dict[int, str]:
     """rank -> its script's stack at the moment it was stopped, for each of ``ranks``."""
     notes = runfolder.stack_notes(run_dir, attempt)
-    return {r: (script_stack(notes[r]) if r in notes else
-                "(no stack: the rank did not write one when asked or stopped; a script with its own "
-                "handler for those signals, or a rank stopped before it could, leaves none)") for r in ranks}
+    missing = ("(no stack: the rank did not write one when asked or stopped; a script with its "
+               "own handler for those signals, or a rank stopped before it could, leaves none)")
+    return {r: script_stack(notes[r]) if r in notes else missing for r in ranks}
 
 
 def rank_waits(run_dir, attempt: int, ranks) -> Dict[int, Optional[str]]:

@@ -1,11 +1,9 @@
 """Which torch the kit runs on, and one clear line at import when it cannot use it.
 
-Importing ``ddp_tutorial`` refuses (``ImportError``, one line with the fix) a Python older than
-``PYTHON_FLOOR`` (pip says the same at install, from pyproject.toml; this is for a clone imported
-uninstalled) and a torch older than ``FLOOR`` or none; a torch newer than ``NEWEST_TESTED`` gets one
-line on stderr, and the kit goes on. docs/torch-versions.md has the runs and why the floor is where
-it is. Nothing here imports torch (seconds in every kernel): the version is read from
-``torch/version.py`` of the torch that ``import torch`` would load.
+Importing ``ddp_tutorial`` refuses (one line with the fix) a Python older than ``PYTHON_FLOOR``
+(for a clone imported uninstalled: pip refuses at install) and a torch older than ``FLOOR`` or none;
+a torch newer than ``NEWEST_TESTED`` gets a line on stderr (docs/torch-versions.md). Nothing here
+imports torch: the version is read from the ``torch/version.py`` that ``import torch`` would load.
 """
 
 from __future__ import annotations
@@ -18,13 +16,12 @@ import sys
 from pathlib import Path
 from typing import Optional, Tuple
 
-#: The oldest torch the kit supports: the first whose FSDP2 (``fully_shard``) runs on CPU with gloo
-#: and averages the gradients there, as notebook 10 measures (see docs/torch-versions.md).
+#: The oldest torch: the first whose FSDP2 (``fully_shard``) runs on CPU with gloo and averages the
+#: gradients there, as notebook 10 measures (docs/torch-versions.md).
 FLOOR = (2, 9)
 #: The newest torch the kit's tests have passed on.
 NEWEST_TESTED = (2, 15)
-#: The oldest Python: torch 2.9 to 2.14 have wheels for 3.10 to 3.14, and 2.15 for 3.11 to 3.15 (the
-#: registry's files, docs/platforms.md); pyproject.toml's ``requires-python`` says the same to pip.
+#: The oldest Python with wheels of torch 2.9 (docs/platforms.md); pyproject.toml says it to pip.
 PYTHON_FLOOR = (3, 10)
 
 
@@ -37,15 +34,14 @@ FIX = f"pip install 'torch>={_dotted(FLOOR)},<{NEWEST_TESTED[0]}.{NEWEST_TESTED[
 
 
 def parse(version: str) -> Optional[Tuple[int, int]]:
-    """(major, minor) of a torch version string (``"2.13.0+cpu"`` -> (2, 13)); None if unreadable."""
+    """(major, minor) of a version string (``"2.13.0+cpu"`` -> (2, 13)); None if unreadable."""
     match = re.match(r"\s*(\d+)\.(\d+)", version)
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def installed() -> Tuple[Optional[str], Optional[str], Optional[str]]:
-    """(version, folder, CUDA version or None) of the torch ``import torch`` would load; all None
-    when there is none."""
-    try:  # an imported torch's own spec, else the one an import would find
+    """(version, folder, CUDA version) of the torch ``import torch`` would load; Nones if none."""
+    try:
         spec = importlib.util.find_spec("torch")
     except (ImportError, ValueError):
         spec = None
@@ -55,32 +51,32 @@ def installed() -> Tuple[Optional[str], Optional[str], Optional[str]]:
     try:
         text = Path(folder, "version.py").read_text()
     except OSError:
-        return "unknown", folder, None
+        text = ""  # a torch without its version file: "unknown", refused below
     found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
     cuda = re.search(r"^cuda\s*(?::\s*\S+\s*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
     return (found.group(1) if found else "unknown"), folder, (cuda.group(1) if cuda else None)
 
 
 def refusal(version: Optional[str], folder: Optional[str]) -> Optional[str]:
-    """The one line that refuses ``version`` (found in ``folder``), or None if the kit can use it."""
+    """The line that refuses ``version`` (found in ``folder``), or None if the kit can use it."""
     if version is None:
-        return f"ddp_tutorial needs torch >= {_dotted(FLOOR)}, and none is installed for {sys.executable}: {FIX}"
+        return (f"ddp_tutorial needs torch >= {_dotted(FLOOR)}, and none is installed for "
+                f"{sys.executable}: {FIX}")
     parsed = parse(version)
     if parsed is None or parsed < FLOOR:
-        return (f"ddp_tutorial needs torch >= {_dotted(FLOOR)}, but found torch {version} in {folder}: "
-                f"{FIX}")
+        return (f"ddp_tutorial needs torch >= {_dotted(FLOOR)}, but found torch {version} in "
+                f"{folder}: {FIX}")
     return None
 
 
 def python_refusal(version_info: Optional[Tuple[int, ...]] = None) -> Optional[str]:
-    """The one line that refuses a Python older than ``PYTHON_FLOOR`` (``version_info``, else this one's),
-    or None."""
+    """The line that refuses a Python (``version_info``, else this one) below the floor, or None."""
     found = tuple(sys.version_info if version_info is None else version_info)
     if found[:2] >= PYTHON_FLOOR:
         return None
-    return (f"ddp_tutorial needs Python {_dotted(PYTHON_FLOOR)} or newer (torch {_dotted(FLOOR)}, the oldest "
-            f"it runs on, has no wheels for older), but {sys.executable} is Python {_dotted(found[:3])}: "
-            "make a venv with a newer one (docs/platforms.md)")
+    return (f"ddp_tutorial needs Python {_dotted(PYTHON_FLOOR)} or newer (torch {_dotted(FLOOR)}, "
+            f"the oldest it runs on, has no wheels for older), but {sys.executable} is Python "
+            f"{_dotted(found[:3])}: make a venv with a newer one (docs/platforms.md)")
 
 
 def check() -> None:
@@ -103,5 +99,5 @@ def versions_line() -> str:
 
 
 def print_versions() -> None:
-    """Print the torch and Python this notebook runs on (the facts it asserts are checked on them)."""
+    """Print the torch and Python this notebook runs on."""
     print(f"Running on {versions_line()}.")

@@ -1,13 +1,13 @@
 """Train a small MLP with DistributedDataParallel: the original demo's five steps, done right.
 
-    python -m ddp_tutorial.train                          # one plain process
-    torchrun --nproc-per-node 4 -m ddp_tutorial.train     # 4 ranks, CPU (gloo) or GPUs (nccl)
-    ddp_tutorial.launch(ddp_tutorial.TRAIN_SCRIPT, 4, ["--epochs", "2"])   # from a notebook
+    python -m ddp_tutorial.train                        # one plain process
+    torchrun --nproc-per-node 4 -m ddp_tutorial.train   # 4 ranks, CPU (gloo) or GPUs (nccl)
+    ddp_tutorial.launch(ddp_tutorial.TRAIN_SCRIPT, 4, ["--epochs", "2"])  # from a notebook
 
-The steps, in the order they run: (1) ``init_process_group``, (2) ``wrap_model``, (3) ``make_loader``
-and ``start_epoch``, (4) ``train_epoch``, whose ``micro_step`` is the ``no_sync`` window, (5) ``teardown``.
-What the kit measures and saves comes in through ``hooks`` (``ddp_tutorial.rank.hooks``); without them
-this is plain DDP. ``--bug NAME`` runs the original demo's version of one function (``rank.original``).
+The steps: (1) ``init_process_group``, (2) ``wrap_model``, (3) ``make_loader``, ``start_epoch``,
+(4) ``train_epoch`` (``micro_step`` is the ``no_sync`` window), (5) ``teardown``. What the kit
+measures comes in through ``hooks`` (``rank/hooks.py``); without them this is plain DDP.
+``--bug NAME`` runs the original demo's version of one function (``rank/original.py``).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def make_inputs(size: int, seed: int) -> torch.Tensor:
 
 
 def make_dataset(x: torch.Tensor, seed: int) -> TensorDataset:
-    """The inputs ``x`` and the targets a fixed, seeded teacher network gives them, so the loss can fall."""
+    """``x`` and the targets a fixed, seeded teacher network gives them, so the loss can fall."""
     teacher = nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 20))
     weights = torch.Generator().manual_seed(seed + 1)  # one teacher for every rank
     with torch.no_grad():
@@ -83,16 +83,12 @@ def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(out, y)  # against the teacher's targets
 
 
-# -- Step 1 -------------------------------------------------------------------
 def init_process_group(backend: str = "auto", timeout_s: float = 300.0, store=None) -> DistEnv:
     """Step 1: join the process group (with gloo, it returns once every rank has arrived).
 
-    Without torchrun's variables (RANK, WORLD_SIZE, ...) it returns a single-process ``DistEnv``.
-
-    Args:
-        backend: "gloo", "nccl", or "auto": nccl when every rank on this node has a GPU of its own.
-        timeout_s: how long a collective waits for a lost rank before it fails.
-        store: the rendezvous store; None reads MASTER_ADDR and MASTER_PORT (env://).
+    Without torchrun's variables (RANK, WORLD_SIZE, ...): a single-process ``DistEnv``.
+    ``backend``: "gloo", "nccl" or "auto" (``backend.py``); ``timeout_s``: how long a collective
+    waits for a lost rank; ``store``: None reads env://.
     """
     if "RANK" not in os.environ:
         return DistEnv()
@@ -109,7 +105,6 @@ def init_process_group(backend: str = "auto", timeout_s: float = 300.0, store=No
     return DistEnv(rank, world_size, local_rank, backend, device)
 
 
-# -- Step 2 -------------------------------------------------------------------
 def wrap_model(model: nn.Module, env: DistEnv, bucket_cap_mb: float | None = None) -> nn.Module:
     """Step 2: wrap the model in DDP (a single process keeps the plain model).
 
@@ -123,12 +118,10 @@ def wrap_model(model: nn.Module, env: DistEnv, bucket_cap_mb: float | None = Non
     return DDP(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb)
 
 
-# -- Step 3 -------------------------------------------------------------------
 def make_loader(dataset, env: DistEnv, batch_size: int, seed: int):
     """Step 3: give each rank a disjoint shard of the same dataset; returns (loader, sampler).
 
-    DistributedSampler permutes the indices with ``seed + epoch`` and hands
-    rank r the indices ``perm[r::world_size]``.
+    DistributedSampler permutes the indices with ``seed + epoch``; rank r gets ``perm[r::W]``.
     """
     sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank,
                                  shuffle=True, seed=seed)
@@ -141,20 +134,15 @@ def start_epoch(sampler: DistributedSampler, epoch: int) -> None:
     sampler.set_epoch(epoch)  # without it, every epoch repeats epoch 0's order
 
 
-# -- Step 4 -------------------------------------------------------------------
 def sync_schedule(num_batches: int, accum_steps: int) -> list[bool]:
-    """For each micro-batch, whether it syncs gradients and steps the optimizer.
-
-    The last micro-batch of each window of K does, and so does the last of a shorter last window.
-    """
+    """For each micro-batch, whether it syncs and steps: the last of each window of K (and of a
+    shorter last window)."""
     return [i % accum_steps == accum_steps - 1 or i == num_batches - 1 for i in range(num_batches)]
 
 
 def loss_divisors(num_batches: int, accum_steps: int) -> list[int]:
-    """For each micro-batch, what its loss is divided by: the size of its window.
-
-    The window's gradients then add up to its mean loss's gradient, as one K times larger batch's.
-    """
+    """For each micro-batch, its window's size: the window's gradients then add up to its mean
+    loss's gradient, as one K times larger batch's."""
     return [min(accum_steps, num_batches - i + i % accum_steps) for i in range(num_batches)]
 
 
@@ -175,8 +163,7 @@ def train_epoch(model, loader, optimizer, loss_fn, accum_steps: int, epoch: int 
                 hooks: Hooks = NO_HOOKS) -> None:
     """Step 4: one epoch of gradient accumulation, K = ``accum_steps`` micro-batches per step.
 
-    ``hooks``: what the kit measures and saves around each micro-step (with the ``epoch``); nothing
-    by default.
+    ``hooks``: what the kit measures and saves around each micro-step; nothing by default.
     """
     syncs = sync_schedule(len(loader), accum_steps)
     divisors = loss_divisors(len(loader), accum_steps)
@@ -191,10 +178,9 @@ def train_epoch(model, loader, optimizer, loss_fn, accum_steps: int, epoch: int 
         hooks.after_micro_step(epoch, i, syncs[i], loss)
 
 
-# -- Step 5 -------------------------------------------------------------------
 def teardown() -> None:
-    """Step 5: leave the process group: torch forgets it (a new init may follow) and calls the backend's
-    shutdown, where it has one; gloo has none: its sockets close with the group's last reference, or at exit."""
+    """Step 5: leave the process group: torch forgets it and calls the backend's shutdown, where it
+    has one (gloo has none: its sockets close with the group's last reference, or at exit)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -204,26 +190,26 @@ def main(argv=None) -> int:
     args = parse_flags(argv)
     hooks = Instrument.from_args(args)
     with original.mistakes(args.bug, sys.modules[__name__]):
-        env = init_process_group(args.backend, args.pg_timeout, hooks.store(args.pg_timeout))  # step 1
+        env = init_process_group(args.backend, args.pg_timeout, hooks.store(args.pg_timeout))
         try:
-            torch.manual_seed(args.seed)  # one initial model everywhere (DDP broadcasts rank 0's anyway)
-            model = wrap_model(Model(), env, args.bucket_cap_mb)  # step 2
+            torch.manual_seed(args.seed)  # one initial model (DDP broadcasts rank 0's anyway)
+            model = wrap_model(Model(), env, args.bucket_cap_mb)
             optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
             dataset = make_dataset(make_inputs(args.dataset_size, args.seed), args.seed)
-            loader, sampler = make_loader(dataset, env, args.batch_size, args.seed)  # step 3
+            loader, sampler = make_loader(dataset, env, args.batch_size, args.seed)
             first_epoch = hooks.start(env, model, optimizer, len(loader))  # 0, or a checkpoint's
             for epoch in range(first_epoch, args.epochs):
                 start_epoch(sampler, epoch)
-                train_epoch(model, loader, optimizer, loss_fn, args.accum_steps, epoch, hooks)  # step 4
+                train_epoch(model, loader, optimizer, loss_fn, args.accum_steps, epoch, hooks)
             hooks.finish(model)
         finally:
-            model = None  # DDP holds the group; dropped after destroy it can deadlock gloo (torch 2.13, README)
-            teardown()  # step 5, even when a step above raised
+            model = None  # DDP holds the group: freed after destroy, it can deadlock gloo (README)
+            teardown()  # even when a step above raised
     return 0
 
 
 def parse_flags(argv=None):
-    """Parsed and checked flags (a bad one exits with argparse's usage, status 2); applies ``--threads``."""
+    """Parsed and checked flags (a bad one exits with status 2); applies ``--threads``."""
     parser = config.build_parser()
     args = parser.parse_args(argv)
     try:
@@ -238,4 +224,4 @@ def parse_flags(argv=None):
 if __name__ == "__main__":
     from ddp_tutorial.rank.bootstrap import exit_skipping_interpreter_cleanup
 
-    exit_skipping_interpreter_cleanup(main())  # main() tore down; gloo objects freed at exit can abort
+    exit_skipping_interpreter_cleanup(main())  # gloo objects freed at exit can abort

@@ -34,15 +34,6 @@ def test_a_step_splits_into_hidden_and_exposed_communication():
     assert lessons._step_numbers(late)["bytes_after_backward"] == 100
 
 
-def test_the_two_bucket_rules():
-    toy = [20, 320, 64, 1024, 64, 640]  # the toy model's gradients, in the order backward produces them
-    assert lessons.fill_buckets(toy, 1500, closes_at_cap=True) == [2132]  # DDP: closes once it reaches the cap
-    assert lessons.fill_buckets(toy, 1100, closes_at_cap=True) == [1428, 704]
-    assert lessons.fill_buckets(toy, 1500, closes_at_cap=False) == [1492, 640]  # BucketDDP: at most the cap
-    assert lessons.fill_buckets(toy, 1100, closes_at_cap=False) == [404, 1088, 640]
-    assert lessons.fill_buckets([2000, 10], 1000, closes_at_cap=False) == [2000, 10]  # one gradient past the cap
-
-
 def test_kernel_ms_matches_the_worker():
     from ddp_tutorial.lessons.build_ddp.workers import build_ddp_lab
 

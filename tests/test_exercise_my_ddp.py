@@ -141,5 +141,10 @@ def test_the_bucket_rules_as_stated():
     assert my_ddp.fill_at_most(sizes, 900) == [404, 1024, 704]
     assert my_ddp.fill_reaching(sizes, 900) == [1428, 704]
     assert my_ddp.fill_at_most(sizes, 2**20) == my_ddp.fill_reaching(sizes, 2**20) == [2132]
+    # notebook 11's caps: DDP's rule gives 1 and 2 buckets, BucketDDP's 2 and 3
+    assert my_ddp.fill_reaching(sizes, 1500) == [2132] and my_ddp.fill_reaching(sizes, 1100) == [1428, 704]
+    assert my_ddp.fill_at_most(sizes, 1500) == [1492, 640]
+    assert my_ddp.fill_at_most(sizes, 1100) == [404, 1088, 640]
+    assert my_ddp.fill_at_most([2000, 10], 1000) == [2000, 10]  # one gradient alone past the cap
     for cap in my_ddp.CAPS[1:]:  # the small caps: never one bucket, never one per parameter, whatever the order
         assert all(1 < len(layout) < len(sizes) for layout in my_ddp.layouts(sizes, cap))

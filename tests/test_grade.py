@@ -106,48 +106,46 @@ def graded():
         "Zoë Müller/init.py": (SOLUTIONS_DIR / "init.py").read_bytes(),
         "Zoë Müller/init (1).py": b"print('an older copy')\n",
         "ben/init.py": (MISTAKES / "init_no_destroy.py").read_bytes(),
-        # Rank 0 loops, rank 1 waits for it (as a peer in a collective would): both ignore SIGTERM.
-        "loops/init.py": (b"import os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        # Rank 0 prints a gigabyte, then loops; rank 1 waits for it (as a peer in a collective would):
+        # both ignore SIGTERM.
+        "loops/init.py": (b"import os, signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
                           b"if os.environ.get('RANK') != '0':\n    time.sleep(3600)\n"
+                          b"line = 'x' * (1 << 20) + '\\n'\nfor _ in range(1024):\n    sys.stdout.write(line)\n"
                           b"while True:\n    pass\n"),
-        "chatty/init.py": (b"import os, sys, time\nif os.environ.get('RANK') != '0':\n    time.sleep(3600)\n"
-                           b"line = 'x' * (1 << 20) + '\\n'\nfor _ in range(1024):\n    sys.stdout.write(line)\n"),
-        "filler/init.py": probe("import time\nif os.environ.get('RANK') != '0':\n    time.sleep(3600)\n"
-                                + attempt("1 GiB file", "open('big.bin', 'wb').write(b'y' * (1 << 30))")
-                                + "found['kept'] = os.path.getsize('big.bin')\n"),
-        # The loop runs in a small process of its own: forking a rank (torch imported) 500 times is slow.
-        "forks/init.py": probe("import subprocess, time\nif os.environ.get('RANK') != '0':\n    time.sleep(3600)\n"
-                               f"loop = {FORK_LOOP!r}\n"
-                               "out = subprocess.run([sys.executable, '-c', loop], capture_output=True, text=True)\n"
-                               "found['stopped_after'], found['error'] = json.loads(out.stdout)\n"),
-        "hog/init.py": probe(attempt("8 GiB", "block = bytearray(8 << 30)")),
-        "writer/init.py": probe(
-            attempt("other learner", f"open({str(victim)!r}, 'w').write('stolen')")
-            + attempt("report", f"open({str(report)!r}, 'w').write('forged')")
-            + attempt("teacher home", f"open({str(home / 'was-here')!r}, 'w').write('x')")
-            + attempt("root home", "open('/root/.ddp-grade-probe', 'w').write('x')")
-            + attempt("kit", f"open({str(kit_file)!r}, 'a').write('# x')")
-            + attempt("tmp", "open('/tmp/ddp-grade-probe', 'w').write('x')")),
-        "reader/init.py": probe(attempt("other learner", f"found['read'] = open({str(victim)!r}).read()[:20]")
-                                + attempt("list class", f"found['ls'] = os.listdir({str(subs)!r})")
-                                + attempt("kept under /tmp", f"found['kept'] = open({str(kept_file)!r}).read()")),
-        "deleter/init.py": probe(
-            attempt("precious", f"os.remove({str(outside / 'precious.txt')!r})")
-            + attempt("other learner", f"os.remove({str(victim)!r})")
-            + attempt("report", f"os.remove({str(report)!r})")
-            + attempt("kit", f"os.remove({str(kit_file)!r})")),
-        "listener/init.py": probe("found['interfaces'] = sorted(n for _, n in socket.if_nameindex())\n"
-                                  + attempt("bind all", "socket.socket().bind(('0.0.0.0', 0))")),
-        "daemon/init.py": probe("import subprocess\n"
-                                "child = subprocess.Popen(['setsid', 'sh', '-c', 'exec " + DAEMON + "'])\n"
-                                "found['daemon'] = child.pid\n"),
+        # One probe for what a check must not reach, rank 0 alone (rank 1 waits): each guarantee below
+        # reads its own keys. First what the rank had imported before the learner's first line (an
+        # init check's fork server skips torch._dynamo: DDP's constructor would import it); the fork
+        # loop last, as it uses up the processes. It runs in a small process of its own: forking a
+        # rank (torch imported) 500 times is slow.
+        "hostile/init.py": probe(
+            "found['dynamo'] = 'torch._dynamo' in sys.modules\nfound['torch'] = 'torch' in sys.modules\n"
+            "import subprocess, time\nif os.environ.get('RANK') != '0':\n    time.sleep(3600)\n"
+            + attempt("1 GiB file", "open('big.bin', 'wb').write(b'y' * (1 << 30))")
+            + "found['kept size'] = os.path.getsize('big.bin')\n"
+            + attempt("8 GiB", "block = bytearray(8 << 30)")
+            + attempt("write other learner", f"open({str(victim)!r}, 'w').write('stolen')")
+            + attempt("write report", f"open({str(report)!r}, 'w').write('forged')")
+            + attempt("write teacher home", f"open({str(home / 'was-here')!r}, 'w').write('x')")
+            + attempt("write root home", "open('/root/.ddp-grade-probe', 'w').write('x')")
+            + attempt("write kit", f"open({str(kit_file)!r}, 'a').write('# x')")
+            + attempt("write tmp", "open('/tmp/ddp-grade-probe', 'w').write('x')")
+            + attempt("read other learner", f"found['read'] = open({str(victim)!r}).read()[:20]")
+            + attempt("list class", f"found['ls'] = os.listdir({str(subs)!r})")
+            + attempt("kept under /tmp", f"found['kept'] = open({str(kept_file)!r}).read()")
+            + attempt("remove precious", f"os.remove({str(outside / 'precious.txt')!r})")
+            + attempt("remove other learner", f"os.remove({str(victim)!r})")
+            + attempt("remove report", f"os.remove({str(report)!r})")
+            + attempt("remove kit", f"os.remove({str(kit_file)!r})")
+            + "found['interfaces'] = sorted(n for _, n in socket.if_nameindex())\n"
+            + attempt("bind all", "socket.socket().bind(('0.0.0.0', 0))")
+            + "child = subprocess.Popen(['setsid', 'sh', '-c', 'exec " + DAEMON + "'])\n"
+            "found['daemon'] = child.pid\n"
+            f"loop = {FORK_LOOP!r}\n"
+            "out = subprocess.run([sys.executable, '-c', loop], capture_output=True, text=True)\n"
+            "found['stopped_after'], found['error'] = json.loads(out.stdout)\n"),
         "syntax/init.py": b"def broken(:\n    pass\n",
         "binary/init.py": bytes(range(256)) * 4,
         "empty/init.py": b"",
-        # What the rank had imported before the learner's first line: an init check's fork server skips
-        # torch._dynamo (no right answer builds a DDP model; DDP's constructor would import it).
-        "lean/init.py": probe("found['dynamo'] = 'torch._dynamo' in sys.modules\n"
-                              "found['torch'] = 'torch' in sys.modules\n"),
     }
     for name, data in files.items():
         path = subs / name
@@ -196,8 +194,7 @@ def probed(graded, learner) -> dict:
     return json.loads(match.group(1))
 
 
-LEARNERS = ["ana", "ben", "binary", "chatty", "cleo", "daemon", "deleter", "empty", "filler", "forks", "hog",
-            "lean", "linker", "listener", "loops", "reader", "syntax", "writer", "Zoë Müller"]
+LEARNERS = ["ana", "ben", "binary", "cleo", "empty", "hostile", "linker", "loops", "syntax", "Zoë Müller"]
 
 
 def test_the_report_is_written_with_a_row_for_every_learner(graded):
@@ -207,12 +204,12 @@ def test_the_report_is_written_with_a_row_for_every_learner(graded):
     assert rows[0] == ["learner", "init", "wrap", "sampler", "no_sync", "teardown", "capstone", "shard", "my_ddp"]
     assert sorted(r[0] for r in rows[1:]) == sorted(LEARNERS)
     page = (out / "report.html").read_text(encoding="utf-8")
-    assert "<title>Exercise results: 19 learners</title>" in page and "forged" not in page
+    assert "<title>Exercise results: 10 learners</title>" in page and "forged" not in page
     for learner in LEARNERS:
         assert f'id="learner-{grade.report._id(learner)}"' in page
     assert "Content-Security-Policy" in page and "<script" not in page
-    assert "init: 2 of 19 pass" in graded["printed"]  # ana, Zoë Müller
-    assert "graded 19 learners in" in graded["printed"] and "[19/19]" in graded["printed"]
+    assert "init: 2 of 10 pass" in graded["printed"]  # ana, Zoë Müller
+    assert "graded 10 learners in" in graded["printed"] and "[10/10]" in graded["printed"]
 
 
 def test_right_answers_pass_and_mistakes_are_named(graded):
@@ -247,7 +244,8 @@ def test_broken_files_crash_or_fail_with_what_went_wrong(graded):
 
 
 def test_an_init_checks_ranks_start_with_torch_but_not_what_only_ddp_needs(graded):
-    assert probed(graded, "lean") == {"dynamo": False, "torch": True}  # the harness imported torch; nothing imported dynamo
+    found = probed(graded, "hostile")  # the harness imported torch; nothing imported dynamo
+    assert (found["dynamo"], found["torch"]) == (False, True)
 
 
 def test_an_endless_loop_that_ignores_sigterm_times_out_and_is_gone(graded):
@@ -258,36 +256,36 @@ def test_an_endless_loop_that_ignores_sigterm_times_out_and_is_gone(graded):
 
 def test_nothing_the_grading_started_is_left_running(graded):
     assert graded["left"] == []  # the detached child (setsid), the fork loop's children, SIGTERM-proof ranks
-    assert isinstance(probed(graded, "daemon")["daemon"], int)  # the child was started
+    assert isinstance(probed(graded, "hostile")["daemon"], int)  # the child was started
 
 
 def test_a_gigabyte_of_output_is_bounded(graded):
-    chatty = outcome(graded, "chatty")  # a gigabyte printed: that check's time and memory, no one else's
-    assert chatty.status in ("crashed", "timed out")
-    assert len(chatty.log) <= grade.Limits().output_bytes + 200
+    loud = outcome(graded, "loops")  # a gigabyte printed: that check's time and memory, no one else's
+    assert loud.status in ("crashed", "timed out")
+    assert len(loud.log) <= grade.Limits().output_bytes + 200
     assert (graded["out"] / "results.json").stat().st_size < (1 << 20)
     assert sum(p.stat().st_size for p in graded["out"].rglob("*") if p.is_file()) < (4 << 20)
-    found = probed(graded, "filler")  # a gigabyte written: the file stops at the limit
-    assert found == {"1 GiB file": "OSError", "kept": grade.Limits().file_bytes}
+    found = probed(graded, "hostile")  # a gigabyte written: the file stops at the limit
+    assert (found["1 GiB file"], found["kept size"]) == ("OSError", grade.Limits().file_bytes)
 
 
 def test_a_fork_loop_stops_at_the_process_limit(graded):
-    found = probed(graded, "forks")
+    found = probed(graded, "hostile")
     assert found["error"] == "BlockingIOError" and 0 < found["stopped_after"] < grade.Limits().processes
 
 
 def test_a_memory_hog_is_refused(graded):
-    assert probed(graded, "hog") == {"8 GiB": "MemoryError"}
+    assert probed(graded, "hostile")["8 GiB"] == "MemoryError"
 
 
 def test_no_file_outside_the_check_can_be_written(graded):
-    found = probed(graded, "writer")
+    found = probed(graded, "hostile")
     hidden = ("FileNotFoundError", "OSError")  # under an empty read-only folder: not there, cannot be made
-    assert found["other learner"] == "FileNotFoundError"
-    assert found["report"] in hidden and found["teacher home"] in hidden and found["root home"] in hidden
+    assert found["write other learner"] == "FileNotFoundError"
+    assert {found[f"write {k}"] for k in ("report", "teacher home", "root home")} <= set(hidden)
     refused = ("OSError", "PermissionError")  # EROFS (read-only), or EACCES (root's, and we are not root)
-    assert found["kit"] in refused
-    assert found["tmp"] == "ok"  # its own /tmp, gone with the sandbox
+    assert found["write kit"] in refused
+    assert found["write tmp"] == "ok"  # its own /tmp, gone with the sandbox
     assert not Path("/tmp/ddp-grade-probe").exists() and not Path("/root/.ddp-grade-probe").exists()
     assert not (graded["home"] / "was-here").exists()
     assert graded["before"] == graded["after"]  # every learner's files as they were
@@ -295,28 +293,29 @@ def test_no_file_outside_the_check_can_be_written(graded):
 
 
 def test_another_learners_submission_cannot_be_read(graded):
-    found = probed(graded, "reader")
-    assert found["other learner"] == "FileNotFoundError" and "read" not in found
+    found = probed(graded, "hostile")
+    assert found["read other learner"] == "FileNotFoundError" and "read" not in found
     assert found["list class"] == "ok" and found["ls"] == []  # the class's folder is there, and empty
     assert found["kept under /tmp"] == "ok" and found["kept"] == "kept"  # what the kit needs stays readable
 
 
 def test_deleting_files_fails_everywhere(graded):
-    found = probed(graded, "deleter")
-    assert found["precious"] in ("OSError", "PermissionError") and found["kit"] in ("OSError", "PermissionError")
-    assert found["other learner"] == "FileNotFoundError" and found["report"] in ("FileNotFoundError", "OSError")
+    found = probed(graded, "hostile")
+    assert {found["remove precious"], found["remove kit"]} <= {"OSError", "PermissionError"}
+    assert found["remove other learner"] == "FileNotFoundError"
+    assert found["remove report"] in ("FileNotFoundError", "OSError")
     assert (graded["outside"] / "precious.txt").read_text() == "the teacher's file\n"
     assert outcome(graded, "ana").status == "passed"  # its result untouched by the others
 
 
 def test_nothing_listens_beyond_loopback(graded):
-    found = probed(graded, "listener")
+    found = probed(graded, "hostile")
     assert found["interfaces"] == ["lo"] and found["bind all"] == "ok"  # 0.0.0.0 there is loopback only
 
 
 def test_a_rerun_checks_only_what_changed(graded):
     again = graded["again"]
-    assert again.count("(unchanged: from the cache)") == 18 and "[19/19] empty · init: ✓" in again
+    assert again.count("(unchanged: from the cache)") == 9 and "[10/10] empty · init: ✓" in again
     assert next(o for o in graded["rerun"]["outcomes"] if o.learner == "empty" and o.exercise == "init").status == "passed"
 
 

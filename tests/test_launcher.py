@@ -328,3 +328,14 @@ def test_a_launching_script_without_a_main_guard_launches_once(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("launching") == 1, done.stdout
     assert "[rank 1] line 2 of rank 1" in done.stdout
+
+
+def test_the_forkserver_does_not_preload_torch_dynamo():
+    """With ``torch._dynamo`` imported before ``init_process_group`` (which then clears its caches:
+    distributed_c10d.py), a script that leaves the group before dropping its DDP model can deadlock
+    where a cold rank does not: warm ranks must not start with it (docs/warm-launches.md)."""
+    code = ("import importlib, sys\nfrom ddp_tutorial.launcher.warm import PRELOAD\n"
+            "for name in PRELOAD:\n    importlib.import_module(name)\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('torch._dynamo', 'torch._inductor'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

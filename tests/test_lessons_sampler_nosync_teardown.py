@@ -45,12 +45,12 @@ def sampler_run(launch_in_tmp):
 
 @pytest.fixture(scope="module")
 def accumulation_runs(launch_in_tmp):
-    """2 ranks x b4 x K4 (fixed and forward-outside), and 1 process x b32, in one launch."""
+    """2 ranks x b4 x K4 (fixed and forward-outside), 1 process x b32, the schedule demo: one launch."""
     return launch_in_tmp(lessons.train_runs, 2, {
         "fixed": lessons.train_args(4, dataset_size=128),
         "outside": lessons.train_args(4, "--bug", "forward-outside-no-sync", dataset_size=128),
         "big_batch": lessons.train_args(1, batch_size=32, dataset_size=128),
-    }, one_process=["big_batch"], echo="none")
+    }, one_process=["big_batch"], schedule_demo=True, echo="none")
 
 
 @pytest.fixture(scope="module")
@@ -207,8 +207,8 @@ def test_a_surviving_gloo_rank_fails_at_once_when_its_peer_is_gone():
     assert report["seconds_to_error"] < report["pg_timeout_s"] / 10, report
 
 
-def test_schedule_demo_names_the_micro_batches_each_step_applies():
-    demo = lessons.run_schedule_demo(micro_per_epoch=6, accum_steps=4, epochs=2)
+def test_schedule_demo_names_the_micro_batches_each_step_applies(accumulation_runs):
+    demo = lessons.schedules(accumulation_runs)
     original, fixed = demo["original"], demo["fixed"]
     assert lessons.applied_micro_batches(original) == [[(0, 0)], [(0, 1), (0, 2), (0, 3), (0, 4)],
                                                       [(0, 5), (1, 0)], [(1, 1), (1, 2), (1, 3), (1, 4)]]

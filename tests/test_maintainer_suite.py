@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ddp_tutorial.maintainer import __main__ as maintainer_main
-from ddp_tutorial.maintainer import pythons, suite
+from ddp_tutorial.maintainer import pythons, record, suite
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,8 +121,8 @@ def test_the_venv_installs_from_downloaded_wheels_only_when_the_download_finishe
 
     def run(cmd, **kwargs):
         cmd = [str(c) for c in cmd]
-        if "-r" in cmd:  # the requirements file exists only during the call
-            cmd.append("FILE:" + ",".join(Path(cmd[cmd.index("-r") + 1]).read_text().split()))
+        if "-r" in cmd:  # the requirements come on stdin
+            cmd.append("FILE:" + ",".join(kwargs["input"].split()))
         commands.append(cmd)
         if downloaded == "complete-but-fails" and "--no-index" in cmd:
             return pythons.subprocess.CompletedProcess(cmd, 1)  # a wheel missing, say: pip exits 1
@@ -182,3 +182,19 @@ def test_a_python_on_path_is_asked_its_version_so_pyenv_s_shim_for_an_unselected
     assert pythons.base_python("3.77.1") == shim
     with pytest.raises(SystemExit, match=r"no Python 3\.77\.2 found"):
         pythons.base_python("3.77.2")
+
+
+def test_record_writes_what_a_command_printed_into_its_own_section(tmp_path, capsys):
+    measured = tmp_path / "measured.md"
+    measured.write_text("# Measured\n\nwritten by hand\n")
+    with record.recording(str(measured), ["ddp_tutorial.bench", "--quick", "--record", "X"]):
+        print("first table")
+    assert "first table" in capsys.readouterr().out  # printed as usual too
+    record.record(measured, ["ddp_tutorial.maintainer", "--suite", "1"], "suite table\n")
+    record.record(measured, ["ddp_tutorial.bench", "--quick", "--record=X"], "second table\n")
+    text = measured.read_text()
+    assert text.startswith("# Measured\n\nwritten by hand\n")
+    assert text.count("### `python -m ddp_tutorial.bench --quick`") == 1  # replaced, not added
+    assert "second table" in text and "first table" not in text and "suite table" in text
+    assert text.index("bench --quick") < text.index("maintainer --suite 1")  # in its place
+    assert f"commit {record.commit()}" in text

@@ -162,19 +162,15 @@ def test_scancel_leaves_no_rank_behind(cluster, tmp_path):
 
 
 @needs_slurm
-def test_a_stopped_cluster_starts_again_clean(tmp_path):
-    assert WHY_NOT is None, f"CI=true, but {WHY_NOT}"
-    first = slurm.LocalCluster(tmp_path / "cluster").start()
-    pids = first.pids()
+def test_a_stopped_cluster_starts_again_clean(cluster):
+    # The module's cluster, after its jobs (the last test to use it; its fixture stops it again).
+    pids = cluster.pids()
     assert sorted(pids) == ["munged", "slurmctld", "slurmd-node1", "slurmd-node2"]
-    assert sorted(first.stop()) == sorted(pids)
-    assert not [pid for pid in pids.values() if pid_alive(pid)] and not first.is_up()
-    again = slurm.LocalCluster(tmp_path / "cluster").start()  # the same folder: nothing left in the way
-    try:
-        assert again.idle_nodes() == ["node1", "node2"]
-        assert again.squeue().splitlines()[1:] == []  # no job carried over
-    finally:
-        again.stop()
+    assert sorted(cluster.stop()) == sorted(pids)
+    assert not [pid for pid in pids.values() if pid_alive(pid)] and not cluster.is_up()
+    cluster.start()  # the same folder: nothing left in the way
+    assert cluster.idle_nodes() == ["node1", "node2"]
+    assert cluster.squeue().splitlines()[1:] == []  # no job carried over
 
 
 def test_the_guide_shows_the_shipped_script_as_it_is():

@@ -23,6 +23,8 @@ from ddp_tutorial.launcher.spec import BOOTSTRAP
 #: ``init_process_group`` (which then clears dynamo's caches, distributed_c10d.py), a DDP model
 #: freed after ``destroy_process_group`` can deadlock where a cold rank does not
 #: (docs/warm-launches.md).
+#: Nor what it imports (sympy, symbolic shapes, DTensor, FSDP): preloaded, they made that
+#: deadlock come back too.
 PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "ddp_tutorial.envvars"]
 #: Variables torch may read when imported (TORCH_DISTRIBUTED_DEBUG...): a launch setting one starts
 #: cold, since the forkserver imported torch without it.

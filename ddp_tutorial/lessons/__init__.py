@@ -1,18 +1,7 @@
-"""Lesson helpers shared by several notebooks; each notebook (or pair) has its own module beside this.
+"""Lesson helpers shared by several notebooks; each notebook (or pair) has its folder beside this.
 
-Who runs where, from the names alone: the modules in ``lessons/`` run in the
-notebook kernel and import no torch; each ``workers/`` folder holds the scripts
-its lesson starts on the ranks with ``launch``.
-
-    lessons/                  this module: the original's mistakes (00), reading scripts, leftovers
-    lessons/init_wrap/        notebooks 01-02: init_process_group, the DDP wrap
-    lessons/sampler_accumulation/        notebooks 03-04: DistributedSampler, no_sync accumulation
-    lessons/teardown/         notebook 05: destroy_process_group, crashes, leftovers
-    lessons/performance/      notebook 07: the performance lab, also python -m ddp_tutorial.bench
-    lessons/beyond_one_machine/           notebook 08: uneven inputs with Join, the GPU check
-    lessons/pitfalls/         notebook 09: the pitfalls lab
-    lessons/sharding/         notebook 10: memory, ZeRO-1, FSDP2, compressed gradients
-    lessons/build_ddp/        notebook 11: DDP built by hand, measured against torch's
+The modules of ``lessons/`` run in the notebook kernel and import no torch; each ``workers/``
+folder holds the scripts its lesson starts on the ranks with ``launch``.
 """
 
 from __future__ import annotations
@@ -34,69 +23,63 @@ from ddp_tutorial.runfolder import Run
 
 # -- Notebook 00: the original demo's mistakes -----------------------------------
 def format_mistakes() -> str:
-    """The original demo's mistakes (``mistakes.MISTAKES``) as a text table: name, notebook, what
-    goes wrong."""
+    """The original demo's mistakes as a text table: name, notebook, what goes wrong."""
     return text_table(["mistake", "notebook", "what goes wrong"],
                       [(m.name, m.notebooks, m.what) for m in catalogue.MISTAKES])
 
 
 def mistakes_markdown() -> str:
     """The mistakes as the README's Markdown table; a test keeps the README's copy equal to it."""
-    lines = ["| mistake | what goes wrong | the fix | measured in notebook |", "| --- | --- | --- | --- |"]
+    lines = ["| mistake | what goes wrong | the fix | measured in notebook |",
+             "| --- | --- | --- | --- |"]
     for m in catalogue.MISTAKES:
         name = f"`--bug {m.name}`" if m.function else f"`{m.name}` (no `--bug`: how it is launched)"
         lines.append(f"| {name} | {m.what} | {m.fix} | {m.notebooks} |")
     return "\n".join(lines)
 
 
-# -- Per-rank results of a lesson script ------------------------------------------
 def rank_results(run, part: Optional[str] = None) -> Dict[int, List[dict]]:
     """Per rank, the records its script reported (only those of ``part``, if given)."""
     return {rank: [rec for rec in run.results(rank) if part is None or rec.get("part") == part]
             for rank in range(run.world_size)}
 
 
-# -- Show a lesson script's code without running it in the kernel ----------------
+# -- A rank's error line; a script's code, read without running it in the kernel --
 _ERROR_LINE = re.compile(r"^\s*([\w.]*(Error|Exception): .*|what\(\): .*)")
 
 
 def headline(lines: Sequence[str]) -> Optional[str]:
     """The last line of a rank's output that states an error (Python's or a C++ ``what():``)."""
-    for line in reversed(lines):
-        if _ERROR_LINE.match(line):
-            return line.strip()
-    return None
+    return next((line.strip() for line in reversed(lines) if _ERROR_LINE.match(line)), None)
 
 
 def error_line(err) -> Optional[str]:
-    """What the first failing rank of a ``WorkerError`` said its error was: its traceback's ``headline``."""
+    """The ``headline`` of the first failing rank's traceback in a ``WorkerError``."""
     return headline(err.traceback.splitlines())
 
 
-def script_source(path: str, name: str) -> str:
-    """The source of function (or class) ``name`` in the script file ``path``, read, not imported.
-
-    Importing a lesson script would import torch (and run its top-level code) in
-    the notebook kernel; reading it costs nothing.
-    """
+def _definition(path: str, name: str):
+    """(the text of script ``path``, the node of its function or class ``name``)."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
     for node in ast.walk(ast.parse(text)):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
-            return ast.get_source_segment(text, node)
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+            return text, node
     raise ValueError(f"no function {name!r} in {path}")
 
 
-def script_function(path: str, name: str):
-    """Function ``name`` of the script file ``path``, compiled from its source alone, not imported.
+def script_source(path: str, name: str) -> str:
+    """The source of function (or class) ``name`` in the script ``path``, read: importing it would
+    import torch in the kernel."""
+    return ast.get_source_segment(*_definition(path, name))
 
-    For a script's pure functions (arguments in, a value out: no imports, no module globals),
-    so the kernel runs the very code the ranks run without importing the script (and torch).
-    Annotations are kept as text. A function that needs a global raises NameError when called.
-    """
+
+def script_function(path: str, name: str):
+    """Pure function ``name`` of script ``path``, compiled from its source alone: the kernel runs
+    the ranks' code without torch. One that needs a module global raises NameError when called."""
     namespace: Dict[str, object] = {}
-    code = compile(script_source(path, name), path, "exec", flags=__future__.annotations.compiler_flag,
-                   dont_inherit=True)
+    code = compile(script_source(path, name), path, "exec",
+                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
     exec(code, namespace)  # only the def: it defines the function and runs nothing else
     return namespace[name]
 
@@ -107,13 +90,9 @@ _TYPING = re.compile(r"\b(List|Dict|Tuple|Set)\[")
 
 
 def mistake_diff(name: str) -> str:
-    """The original's version of a function against train.py's fix, as a unified diff (``-`` original, ``+`` fix).
+    """The original's function against train.py's fix as a unified diff, docstrings left out.
 
-    Both files are read, not imported; docstrings are left out, and typing's spellings are made
-    the same on both sides (``List[bool]`` and ``list[bool]``), so only the changes that matter show.
-
-    Args:
-        name: a ``--bug`` name ("forward-outside-no-sync") or the function it replaces ("micro_step").
+    ``name``: a ``--bug`` name ("forward-outside-no-sync") or the function it replaces.
     """
     replaced = catalogue.BUG_FUNCTIONS
     function = replaced.get(name, name)
@@ -125,14 +104,10 @@ def mistake_diff(name: str) -> str:
 
 
 def _code_lines(path: str, function: str) -> List[str]:
-    """Function ``function`` of the file ``path``: its whole lines (a last line's comment too),
-    without the docstring, typing spelled one way."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    node = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == function)
+    """The whole lines of ``function`` in ``path``, without docstring, typing spelled one way."""
+    text, node = _definition(path, function)
     first = node.body[0]
-    is_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
-    drop = range(first.lineno - 1, first.end_lineno) if is_doc else range(0)
+    drop = range(first.lineno - 1, first.end_lineno) if ast.get_docstring(node) else range(0)
     lines = text.splitlines()
     return [_TYPING.sub(lambda m: m.group(1).lower() + "[", lines[i]) + "\n"
             for i in range(node.lineno - 1, node.end_lineno) if i not in drop]
@@ -150,16 +125,13 @@ def worker_alive(pid: int) -> bool:
         return False
     except psutil.AccessDenied:  # alive, but not ours to read
         return True
-    # A cold rank runs the bootstrap; a warm one shows the forkserver's command line, forked from it.
+    # A cold rank runs the bootstrap; a warm one, forked, shows the forkserver's command line.
     return BOOTSTRAP in words or any("multiprocessing.forkserver" in w for w in words)
 
 
 def port_can_be_bound(port: int, host: str = "127.0.0.1") -> bool:
-    """Can a new server listen on ``port`` now, as the next rendezvous store would?
-
-    SO_REUSEADDR, as TCPStore sets it: closed connections lingering in
-    TIME_WAIT do not block a new listener, a process still listening does.
-    """
+    """Can a new server listen on ``port`` now? SO_REUSEADDR as TCPStore sets it: connections in
+    TIME_WAIT do not block a new listener, a process still listening does."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -178,7 +150,7 @@ def leftovers(run: Run) -> Dict[str, object]:
 
 @contextlib.contextmanager
 def hold_port(host: str = "127.0.0.1") -> Iterator[int]:
-    """Listen on a free port for the duration of the ``with`` block, as a job that still runs would."""
+    """Listen on a free port during the ``with`` block, as a job that still runs would."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         s.listen()

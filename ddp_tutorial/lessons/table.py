@@ -4,11 +4,8 @@ from typing import Iterable, Sequence
 
 
 def text_table(header: Sequence[str], rows: Iterable[Sequence], title: str = "") -> str:
-    """``rows`` under ``header`` as text, each column as wide as its widest cell.
-
-    A column of numbers is aligned right, any other left. A cell that is not text is shown with
-    ``str``: format a number first (``f"{x:.2e}"``) to choose its digits.
-    """
+    """``rows`` under ``header``, columns as wide as their widest cell, numbers aligned right.
+    Cells are shown with ``str``: format a number first to choose its digits."""
     body = [[str(c) for c in row] for row in rows]
     cells = [list(map(str, header)), *body]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]

@@ -1,11 +1,4 @@
-"""``python -m ddp_tutorial.maintainer``: the kit checks itself (see ``maintainer/suite.py``).
-
-    python -m ddp_tutorial.maintainer --torch 2.15.0 --no-pip-config --tests notebooks tests/test_launcher.py
-    python -m ddp_tutorial.maintainer --torch 2.15.0 --no-pip-config --download-only   # wheels only, for later
-    python -m ddp_tutorial.maintainer --python 3.10 --tests tests/test_launcher.py   # the demo, then the tests
-    python -m ddp_tutorial.maintainer --suite 6 --busy-core 2
-    python -m ddp_tutorial.maintainer --notebooks 5 --busy-core 2
-"""
+"""``python -m ddp_tutorial.maintainer``: the kit checks itself (``suite.py``; docs/torch-versions.md)."""
 
 from __future__ import annotations
 
@@ -13,35 +6,32 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from ddp_tutorial.maintainer import pythons, suite
+from ddp_tutorial.maintainer import pythons, record, suite
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.maintainer", description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.maintainer", description=__doc__)
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--suite", type=int, metavar="N",
-                      help="run the README's `pytest` N times, each in a fresh git clone of the current commit")
-    what.add_argument("--notebooks", type=int, metavar="N", help="run every notebook N times (pytest --nbmake)")
-    parser.add_argument("--torch", metavar="VERSION",
-                        help="test with this torch, in .venv-torch-VERSION (built once, kept); alone: "
-                             "run the README's `pytest` there once")
-    parser.add_argument("--python", metavar="X.Y",
-                        help="alone: the demo and the README's `pytest` (or --tests) with Python X.Y, in "
-                             ".venv-python-X.Y (built once, kept)")
-    parser.add_argument("--busy-core", type=int, default=0, metavar="K",
-                        help="the last K runs (or rounds) beside a process that keeps one core busy")
-    parser.add_argument("--tests", nargs="+", default=[], metavar="PATH",
-                        help="only these tests (pytest paths, e.g. notebooks tests/test_launcher.py)")
-    parser.add_argument("--no-pip-config", action="store_true",
-                        help="pip ignores its configuration files while it builds the venv (a machine's cap "
-                             "on torch versions); its PIP_* variables still apply")
-    parser.add_argument("--download-only", action="store_true",
-                        help="with --torch: only download its wheels (.wheels-torch-VERSION), for a later "
-                             "--torch VERSION to install without the network")
-    parser.add_argument("--json", metavar="FILE",
-                        help="also write the results as JSON (--suite, --notebooks)")
-    args = parser.parse_args(argv)
+                      help="the README's `pytest` N times, each in a fresh clone of the commit")
+    what.add_argument("--notebooks", type=int, metavar="N", help="every notebook N times (nbmake)")
+    add = parser.add_argument
+    add("--torch", metavar="VERSION", help="with this torch, in .venv-torch-VERSION (built once); "
+        "alone: the README's `pytest` there")
+    add("--python", metavar="X.Y", help="alone: the demo and the README's `pytest` (or --tests) in "
+        ".venv-python-X.Y (built once)")
+    add("--busy-core", type=int, default=0, metavar="K",
+        help="the last K runs (or rounds) beside a process that keeps one core busy")
+    add("--tests", nargs="+", default=[], metavar="PATH", help="only these pytest paths")
+    add("--no-pip-config", action="store_true",
+        help="pip ignores its configuration files (a machine's cap on torch versions)")
+    add("--download-only", action="store_true",
+        help="with --torch: only download its wheels, for a later --torch to install offline")
+    add("--json", metavar="FILE", help="also write the results as JSON (--suite, --notebooks)")
+    return record.main("ddp_tutorial.maintainer", parser, _main, argv)
+
+
+def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.download_only:
         if args.torch is None or args.suite is not None or args.notebooks is not None or args.tests:
             parser.error("--download-only goes with --torch VERSION alone")

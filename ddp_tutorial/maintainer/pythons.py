@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -38,20 +37,17 @@ def torch_in(python: Path) -> Optional[str]:
 
 def same_release(installed: Optional[str], wanted: str) -> bool:
     """Whether ``installed`` (``2.13.0+cpu``) is the release ``wanted`` (``2.13.0``) names."""
-    return installed is not None and (installed == wanted or installed.split("+")[0] == wanted.split("+")[0])
+    return installed is not None and installed.split("+")[0] == wanted.split("+")[0]
 
 
 def pip_env(no_pip_config: bool) -> Dict[str, str]:
-    """The environment for pip; ``no_pip_config`` ignores pip's configuration files (a machine's
-    cap on torch versions, say) while its PIP_* variables still apply."""
-    env = dict(os.environ)
-    if no_pip_config:
-        env["PIP_CONFIG_FILE"] = os.devnull
-    return env
+    """The environment for pip; ``no_pip_config``: without its configuration files (a machine's cap on
+    torch versions, say), its PIP_* variables still applying."""
+    return {**os.environ, "PIP_CONFIG_FILE": os.devnull} if no_pip_config else dict(os.environ)
 
 
 def wheels_folder(version: str, root: Path) -> Path:
-    """Where ``download_torch`` keeps the wheels for ``.venv-torch-VERSION`` (gitignored)."""
+    """Where ``download_torch`` keeps the wheels for ``.venv-torch-VERSION``."""
     return root / f".wheels-torch-{version}"
 
 
@@ -61,25 +57,15 @@ COMPLETE = "COMPLETE"
 
 def _pip_with_requirements(python, args: Sequence[str], lines: Sequence[str], root: Path,
                            no_pip_config: bool) -> int:
-    """``python -m pip ARGS -r FILE`` with ``lines`` as FILE, run in the checkout; pip's exit status."""
-    with tempfile.NamedTemporaryFile("w", prefix="requirements-", suffix=".txt", delete=False) as f:
-        f.write("\n".join(lines) + "\n")
-    try:  # "-e ." is read relative to pip's working folder, the checkout
-        return subprocess.run([str(python), "-m", "pip", *args, "-r", f.name], cwd=root,
-                              env=pip_env(no_pip_config)).returncode
-    finally:
-        os.unlink(f.name)
+    """``python -m pip ARGS -r /dev/stdin`` with ``lines`` on stdin, run in the checkout (``-e .``
+    is read relative to it); pip's exit status."""
+    return subprocess.run([str(python), "-m", "pip", *args, "-r", "/dev/stdin"], cwd=root, text=True,
+                          input="\n".join(lines) + "\n", env=pip_env(no_pip_config)).returncode
 
 
 def download_torch(version: str, root: Path, no_pip_config: bool = False, echo=print) -> Path:
-    """Download the wheels ``torch_venv(version)`` installs into ``wheels_folder``, and install nothing.
-
-    A CUDA build is gigabytes: CI downloads it while the pinned suite runs (mostly waiting on the
-    network), and ``torch_venv`` then installs from the folder without the network.
-
-    Raises:
-        SystemExit: pip failed.
-    """
+    """Download the wheels ``torch_venv(version)`` installs into ``wheels_folder``, install nothing:
+    a CUDA build's gigabytes come while another suite runs, ``torch_venv`` installs them offline."""
     folder = wheels_folder(version, root)
     (folder / COMPLETE).unlink(missing_ok=True)
     folder.mkdir(exist_ok=True)
@@ -97,14 +83,8 @@ def download_torch(version: str, root: Path, no_pip_config: bool = False, echo=p
 
 
 def torch_venv(version: str, root: Path, no_pip_config: bool = False, echo=print) -> Path:
-    """``root/.venv-torch-VERSION`` with ``torch==version`` and the rest of requirements.txt, made once.
-
-    From ``wheels_folder`` without the network where ``download_torch`` filled it (the folder is
-    removed once installed), else from the registry.
-
-    Raises:
-        SystemExit: pip failed, or installed another torch than asked.
-    """
+    """``root/.venv-torch-VERSION`` with ``torch==version`` and the rest of requirements.txt, made
+    once: from ``download_torch``'s wheels (removed then) if complete, else from the registry."""
     venv = root / f".venv-torch-{version}"
     python = venv_python(venv)
     found = torch_in(python)
@@ -138,15 +118,8 @@ def torch_venv(version: str, root: Path, no_pip_config: bool = False, echo=print
 
 
 def base_python(version: str) -> Path:
-    """The interpreter of Python ``version`` (``3.10``, ``3.13.0``): ``pythonX.Y`` on PATH, else pyenv's
-    newest.
-
-    Each is asked its version: pyenv's ``pythonX.Y`` on PATH is a shim that runs only the Pythons pyenv
-    has selected, and exits 127 for the others.
-
-    Raises:
-        SystemExit: none found.
-    """
+    """Python ``version`` (``3.10``, ``3.13.0``): ``pythonX.Y`` on PATH, else pyenv's newest. Each is
+    asked its version: pyenv's shim on PATH exits 127 for a Python pyenv has not selected."""
     wanted = tuple(int(part) for part in version.split("."))
     on_path = shutil.which("python" + ".".join(version.split(".")[:2]))
     pyenv = sorted(Path(os.path.expanduser("~/.pyenv/versions")).glob(f"{version}*/bin/python"), reverse=True,

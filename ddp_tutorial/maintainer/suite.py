@@ -1,16 +1,8 @@
-"""The README's test command, run many times, in a venv with a given torch, or over the notebooks.
+"""The README's test command run many times (``--suite``: each in a fresh clone of the commit),
+in a venv with another torch (``--torch``), or over the notebooks in place (``--notebooks``).
 
-    python -m ddp_tutorial.maintainer --torch 2.15.0 [--tests notebooks tests/test_launcher.py]
-    python -m ddp_tutorial.maintainer --suite 6 --busy-core 2 [--tests ...]
-    python -m ddp_tutorial.maintainer --notebooks 5 --busy-core 2
-
-``--torch`` builds (once; it is kept) ``.venv-torch-VERSION`` in the checkout, with that torch
-and the rest of ``requirements.txt``, and runs ``pytest`` there. ``--suite`` runs it N times,
-each in a fresh ``git clone`` of the current commit (what is not committed is not tested);
-``--notebooks`` runs every notebook N times in place, with this Python. Either way the last K
-runs go beside a process that keeps one core busy (a shared classroom server: a claim a notebook
-asserts must hold there too), and the table shows each test's failures, each run's wall time and
-each notebook's passes and median time. This checks the kit; it is not part of the teaching API.
+The last K runs go beside a busy core (a shared classroom server: a notebook's claims must hold
+there too); the table shows each run's wall time, each test's failures, each notebook's median.
 """
 
 from __future__ import annotations
@@ -24,31 +16,29 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence
 
 from ddp_tutorial import envvars
+from ddp_tutorial.lessons.table import text_table
 from ddp_tutorial.maintainer.pythons import pip_env, torch_in, torch_venv, venv_python
 
 #: The README's test command (``pip install -r requirements.txt && pytest``); a test keeps them equal.
 README_TEST_COMMAND = ["pytest"]
 #: Lines of a failure's report shown in the table.
 FAILURE_LINES = 3
-#: A failure's captured output kept in ``--json`` (its last characters): a LaunchTimeout prints each
-#: rank's stack there, the cause a rare failure of a long table needs to be found.
+#: A failure's captured output kept in ``--json``: a LaunchTimeout's stacks, to find a rare failure.
 OUTPUT_CHARS = 20000
 #: A Python loop that keeps one core at 100 % until it is killed (it says so first).
 SPIN = "print('spinning', flush=True)\nwhile True: pass"
 
 
 @contextlib.contextmanager
-def busy_core(enabled: bool = True) -> Iterator[Optional[int]]:
+def busy_core() -> Iterator[int]:
     """Keep one core busy with a spinning process while the block runs; yields its pid."""
-    if not enabled:
-        yield None
-        return
     proc = subprocess.Popen([sys.executable, "-c", SPIN], stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE)
     try:
@@ -67,11 +57,7 @@ def busy_schedule(runs: int, busy_runs: int) -> List[bool]:
 
 
 def checkout() -> Path:
-    """The git checkout this package runs from (where requirements.txt is).
-
-    Raises:
-        SystemExit: the package is not run from a checkout (an installed copy has no tests).
-    """
+    """The checkout this package runs from; SystemExit for an installed copy (it has no tests)."""
     root = Path(__file__).resolve().parents[2]
     if not (root / "requirements.txt").exists() or not (root / "tests").is_dir():
         raise SystemExit(f"error: {root} is not a checkout of ddp-tutorial (no requirements.txt or tests/): "
@@ -80,13 +66,8 @@ def checkout() -> Path:
 
 
 def junit_cases(path: Path) -> Dict[str, Dict]:
-    """Each test of a junit XML report: ``{"outcome": passed|failed|error|skipped, "seconds", "message"}``.
-
-    ``message`` is the first ``FAILURE_LINES`` non-empty lines of the failure's report
-    (pytest's message first, else its text). A failure or error also has ``report``: the whole
-    report, then the last ``OUTPUT_CHARS`` of what the test printed (``system-out``/``system-err``,
-    present when pytest ran with ``-o junit_logging=all``, as ``run_tests`` does).
-    """
+    """test -> ``outcome``, ``seconds``, ``message`` (its first lines); a failure also has
+    ``report``: the whole report, then the end of what it printed (``-o junit_logging=all``)."""
     cases = {}
     for case in ET.parse(path).getroot().iter("testcase"):
         classname, name = case.get("classname", ""), case.get("name", "")
@@ -115,17 +96,9 @@ PROGRESS_LINE = re.compile(r"\[\s*\d+%\]\s*$")
 
 def run_tests(python: Path, cwd: Path, tests: Sequence[str] = (), timeout: float = 3600.0,
               env: Optional[Dict[str, str]] = None, echo: bool = True, progress: Optional[str] = None) -> Dict:
-    """The README's test command (``pytest`` [TESTS]) with ``python`` in ``cwd``.
-
-    Args:
-        echo: print pytest's output as it comes.
-        progress: without ``echo``, print only pytest's progress lines (``....F.. [ 49%]``), each after
-            this prefix: a long run of many still shows how far it is and what failed so far.
-
-    Returns:
-        ``returncode``, ``seconds`` (wall), ``cases`` (``junit_cases``), ``summary`` (pytest's
-        last line), ``tail`` (the last lines of its output, for a run that left no report).
-    """
+    """``pytest`` [TESTS] with ``python`` in ``cwd``: ``returncode``, ``seconds``, ``cases``,
+    ``summary`` (pytest's last line), ``tail``. ``echo`` prints pytest's output; else ``progress``
+    prefixes only its progress lines (``..F [ 49%]``), so a long run still shows how far it is."""
     with tempfile.TemporaryDirectory(prefix="ddp-maintainer-") as tmp:
         report = Path(tmp) / "junit.xml"
         cmd = [str(python), "-m", *README_TEST_COMMAND, f"--junitxml={report}", "-o", "junit_logging=all", *tests]
@@ -135,21 +108,18 @@ def run_tests(python: Path, cwd: Path, tests: Sequence[str] = (), timeout: float
         bin_dir = str(Path(python).parent)
         env = {**os.environ, **(env or {}), "VIRTUAL_ENV": str(Path(bin_dir).parent),
                "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")])}
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, stdin=subprocess.DEVNULL)
-        try:
+        with subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, stdin=subprocess.DEVNULL) as proc:
+            deadline = threading.Timer(timeout, proc.kill)  # a hung run ends its output too
+            deadline.start()
             for line in proc.stdout:
                 lines.append(line.rstrip("\n"))
                 if echo:
                     print(line, end="", flush=True)
                 elif progress is not None and PROGRESS_LINE.search(line):
                     print(f"{progress}{line.strip()}", flush=True)
-            returncode = proc.wait(timeout=max(1.0, timeout - (time.perf_counter() - t0)))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            returncode = proc.wait()
-        finally:
-            proc.stdout.close()
+            deadline.cancel()
+        returncode = proc.returncode
         seconds = time.perf_counter() - t0
         cases = junit_cases(report) if report.exists() else {}
     summary = next((line.strip("= ") for line in reversed(lines) if line.strip()), "")
@@ -169,16 +139,9 @@ def clone(root: Path, into: Path) -> str:
 def suite_runs(runs: int, busy_runs: int = 0, tests: Sequence[str] = (), torch: Optional[str] = None,
                no_pip_config: bool = False, timeout: float = 3600.0, echo: bool = True,
                in_place: bool = False, env: Optional[Dict[str, str]] = None) -> Dict:
-    """Run the README's tests ``runs`` times; the last ``busy_runs`` beside a busy core.
-
-    Each run is in a fresh clone, with one venv for all (``.venv-torch-VERSION``, by default with
-    requirements.txt's torch; the package is installed from each clone before its run, and from the
-    checkout again at the end); or, ``in_place``, in the current folder with this Python.
-
-    Returns:
-        ``runs``: per run ``busy_core``, ``seconds``, ``returncode``, ``summary``, ``cases``, ``tail``;
-        ``commit``, ``torch``, ``tests``, ``in_place``.
-    """
+    """The README's tests ``runs`` times, the last ``busy_runs`` beside a busy core: each in a fresh
+    clone with ``.venv-torch-VERSION`` (the package installed from the clone, then the checkout
+    again), or ``in_place`` with this Python; ``runs`` holds ``run_tests``' rows."""
     python, root = Path(sys.executable), Path.cwd()
     if not in_place:
         root = checkout()
@@ -202,7 +165,7 @@ def suite_runs(runs: int, busy_runs: int = 0, tests: Sequence[str] = (), torch: 
                 if not in_place:
                     commit = clone(root, where)
                     install(where)
-                with busy_core(busy):
+                with busy_core() if busy else contextlib.nullcontext():
                     result = run_tests(python, where, tests, timeout, env=env, echo=False,
                                        progress=f"run {i + 1}/{runs}: " if echo else None)
                 result["busy_core"] = busy
@@ -258,10 +221,10 @@ def describe_notebook_suite(warm: Optional[Dict], cold: Optional[Dict]) -> List[
                          f"notebooks, ratio {r['ratio']:.2f} of 180 s "
                          f"({'passed' if r['passed'] else 'FAILED'}: {r['summary']}{failed})")
     if cold and "skipped" not in cold and "skipped" not in warm:
-        lines.append(f"  {'notebook':<36} {'cold s':>7} {'warm s':>7} {'warm/cold':>9}")
-        for name, cold_s in cold["per_notebook"].items():
-            warm_s = warm["per_notebook"].get(name, float("nan"))
-            lines.append(f"  {name:<36} {cold_s:>7.1f} {warm_s:>7.1f} {warm_s / cold_s:>9.2f}")
+        warm_s = {n: warm["per_notebook"].get(n, float("nan")) for n in cold["per_notebook"]}
+        lines.append(text_table(["notebook", "cold s", "warm s", "warm/cold"], [
+            (name, f"{c:.1f}", f"{warm_s[name]:.1f}", f"{warm_s[name] / c:.2f}")
+            for name, c in cold["per_notebook"].items()]))
     return lines
 
 
@@ -278,7 +241,7 @@ def notebook_times(runs: Sequence[Dict]) -> Dict[str, tuple]:
 
 
 def report(result: Dict, json_path: Optional[str] = None) -> int:
-    """Print ``format_suite``'s table (and write ``json_path``); 0 if every run passed, else 1."""
+    """Print ``format_suite``'s table (and write ``json_path``); 0 if every run passed."""
     print(format_suite(result), flush=True)
     if json_path:
         with open(json_path, "w") as f:
@@ -288,7 +251,7 @@ def report(result: Dict, json_path: Optional[str] = None) -> int:
 
 
 def failures_per_test(runs: Sequence[Dict]) -> Dict[str, List[tuple]]:
-    """test -> [(run number, first lines of its failure), ...] over ``runs``, for failed or errored tests."""
+    """test -> [(run number, first lines of its failure), ...], for failed or errored tests."""
     failed: Dict[str, List[tuple]] = {}
     for number, run in enumerate(runs, 1):
         for test, case in run["cases"].items():
@@ -298,8 +261,7 @@ def failures_per_test(runs: Sequence[Dict]) -> Dict[str, List[tuple]]:
 
 
 def format_suite(result: Dict) -> str:
-    """The runs as a table (one line a run), each notebook's passes and median time, then each
-    failing test with its count and first lines."""
+    """One line a run, each notebook's passes and median, each failing test with its first lines."""
     if "skipped" in result:
         return f"skipped: {result['skipped']}"
     runs = result["runs"]
@@ -307,16 +269,14 @@ def format_suite(result: Dict) -> str:
     command = " ".join(README_TEST_COMMAND + list(result.get("tests", [])))
     where = ("in place" if result.get("in_place")
              else f"on fresh clones of {result.get('commit', '')[:10]}")
-    lines = [f"`{command}` {len(runs)} times {where} ({busy} beside a busy core), "
-             f"torch {result.get('torch')}",
-             f"  {'run':>3}  {'busy core':<9} {'passed':>6} {'failed':>6} {'errors':>6} {'skipped':>7} "
-             f"{'wall s':>7}  exit"]
-    for number, run in enumerate(runs, 1):
-        counts = {k: sum(c["outcome"] == k for c in run["cases"].values())
-                  for k in ("passed", "failed", "error", "skipped")}
-        lines.append(f"  {number:>3}  {'yes' if run['busy_core'] else 'no':<9} {counts['passed']:>6} "
-                     f"{counts['failed']:>6} {counts['error']:>6} {counts['skipped']:>7} "
-                     f"{run['seconds']:>7.0f}  {run['returncode']}")
+    kinds = ("passed", "failed", "error", "skipped")
+    rows = [(number, "yes" if run["busy_core"] else "no",
+             *(sum(c["outcome"] == k for c in run["cases"].values()) for k in kinds),
+             f"{run['seconds']:.0f}", run["returncode"]) for number, run in enumerate(runs, 1)]
+    title = (f"`{command}` {len(runs)} times {where} ({busy} beside a busy core), "
+             f"torch {result.get('torch')}")
+    header = ["run", "busy core", "passed", "failed", "errors", "skipped", "wall s", "exit"]
+    lines = [text_table(header, rows, title)]
     for test, (passes, ran, median) in notebook_times(runs).items():
         lines.append(f"  {test:<44} passed {passes}/{ran}, median {median:.1f} s")
     failed = failures_per_test(runs)
@@ -336,8 +296,7 @@ def format_suite(result: Dict) -> str:
 
 
 def check_venv(venv: Path, tests: Sequence[str] = (), demo: bool = False) -> int:
-    """``--torch`` and ``--python``: (with ``demo``, ``python -m ddp_tutorial`` first, then) the
-    README's tests (or ``tests``) with ``venv``'s Python, in the checkout; 0 if all passed."""
+    """``--torch``, ``--python``: the README's tests (``demo``: after the demo) with ``venv``."""
     root, python = checkout(), venv_python(venv)
     code = 0
     if demo:

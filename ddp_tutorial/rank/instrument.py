@@ -1,9 +1,8 @@
 """``Instrument``: the ``Hooks`` (``rank/hooks.py``) ``python -m ddp_tutorial.train`` runs with.
 
-Around train.py's steps it writes one record per micro-step to ``<out>/rank<R>.jsonl`` (loss, and
-times from torch's own hooks: ``rank/timing.py``), adds straggler delays (``--straggler-ms``),
-injects faults and keeps restarts safe (``rank/restarts.py``), resumes and saves checkpoints
-(``ddp_tutorial.checkpoint``), and at the end writes rank 0's ``model.pt`` and a summary record.
+It writes one record per micro-step to ``<out>/rank<R>.jsonl`` (loss, and times from torch's own
+hooks: ``rank/timing.py``), adds straggler delays, injects faults (``rank/restarts.py``), resumes
+and saves checkpoints, and at the end writes rank 0's ``model.pt`` and a summary record.
 """
 
 from __future__ import annotations
@@ -45,16 +44,13 @@ def ddp_logging(model) -> dict:
 class Instrument(Hooks):
     """Records, straggler delays, faults, checkpoints and restarts around train.py's steps.
 
-    ``out`` (None: no files) gets rank 0's ``model.pt`` and, with ``record_steps``, the
-    ``rank<R>.jsonl`` records, unless ``records`` (anything with ``write(record)``) takes them;
-    without records nothing is timed. ``straggler_ms``: each micro-step first sleeps a random 0..N
-    ms (seeded by ``seed`` and the rank), like the original demo's ``time.sleep(random.random())``.
-    ``batch_size``, ``accum_steps`` and ``bugs`` are for the lines printed (``verbose``) and the
-    summary.
+    ``out`` (None: no files) gets rank 0's ``model.pt`` and, with ``record_steps``, the records,
+    unless ``records`` (anything with ``write(record)``) takes them; without records nothing is
+    timed. ``straggler_ms``: each micro-step first sleeps a random 0..N ms, as the original did.
     """
 
-    def __init__(self, out: Optional[str] = None, *, records=None, record_steps: bool = True, seed: int = 0,
-                 straggler_ms: float = 0.0, fault: Optional[Fault] = None,
+    def __init__(self, out: Optional[str] = None, *, records=None, record_steps: bool = True,
+                 seed: int = 0, straggler_ms: float = 0.0, fault: Optional[Fault] = None,
                  checkpointer: Optional[Checkpointer] = None, batch_size: Optional[int] = None,
                  accum_steps: int = 1, bugs: Sequence[str] = (), verbose: bool = False):
         self.out, self.records, self.record_steps = out, records, record_steps
@@ -64,34 +60,36 @@ class Instrument(Hooks):
         self.bugs, self.verbose = sorted(bugs), verbose
         self.timer: Optional[StepTimer] = None
         self.counters = {"step": 0, "optimizer_steps": 0}
-        self.resume_at = (0, 0)  # (epoch, micro-batch) to start at: the beginning, or a checkpoint's
+        self.resume_at = (0, 0)  # (epoch, micro-batch) to start at: 0, or a checkpoint's
         self.losses, self.last_loss = [], float("nan")
 
     @classmethod
     def from_args(cls, args) -> "Instrument":
         """The hooks ``python -m ddp_tutorial.train`` runs with, from its parsed flags."""
-        fault = None if args.fail_at_step is None else Fault(args.fail_at_step, args.fail_rank,
-                                                              args.fail_mode)
-        checkpointer = None if args.checkpoint is None else Checkpointer(args.checkpoint, args.save_every,
-                                                                         args)
+        fault = (None if args.fail_at_step is None
+                 else Fault(args.fail_at_step, args.fail_rank, args.fail_mode))
+        checkpointer = (None if args.checkpoint is None
+                        else Checkpointer(args.checkpoint, args.save_every, args))
         return cls(args.out, record_steps=not args.no_metrics, seed=args.seed,
                    straggler_ms=args.straggler_ms, fault=fault, checkpointer=checkpointer,
-                   batch_size=args.batch_size, accum_steps=args.accum_steps, bugs=args.bug, verbose=True)
+                   batch_size=args.batch_size, accum_steps=args.accum_steps, bugs=args.bug,
+                   verbose=True)
 
     def store(self, timeout_s: float) -> Optional[dist.Store]:
         return restart_safe_store(timeout_s)
 
     def start(self, env, model, optimizer, num_batches: int) -> int:
         self.env, self.optimizer, self.num_batches = env, optimizer, num_batches
-        # Not a reference that keeps the DDP model (and its process group) alive: train.main
-        # drops its model before destroy_process_group, and nothing here may hold it longer.
+        # A weak reference: train.main drops its DDP model (and its group) before
+        # destroy_process_group, and nothing here may keep it alive longer.
         self._model = weakref.ref(model) if model is not None else (lambda: None)
-        self.rng = random.Random(f"straggler delays, seed {self.seed}, rank {env.rank}")  # one stream per rank
-        self.attempt = group_attempt(env)  # this agent's count may be 0 on a restarted multi-node group
+        self.rng = random.Random(f"straggler delays, seed {self.seed}, rank {env.rank}")
+        self.attempt = group_attempt(env)
         if not self.record_steps:
             self.records = None
         elif self.records is None and self.out is not None:
-            self.records = MetricsWriter(self.out, env.rank, fresh=self.attempt == 0, attempt=self.attempt)
+            self.records = MetricsWriter(self.out, env.rank, fresh=self.attempt == 0,
+                                         attempt=self.attempt)
         if self.records is not None:  # without records nothing is timed
             self.timer = StepTimer(model, optimizer)
         if self.checkpointer is not None:
@@ -116,14 +114,13 @@ class Instrument(Hooks):
         self._write({"kind": "resume", **{k: saved[k] for k in POSITION},
                      "checkpoint": str(self.checkpointer.path)})
         if self.env.rank == 0:
-            print(f"resumed from {self.checkpointer.path} (attempt {self.attempt}): epoch {saved['epoch']}, "
-                  f"{saved['micro']} micro-batches done in it, step {saved['step']}", flush=True)
+            print(f"resumed from {self.checkpointer.path} (attempt {self.attempt}): epoch "
+                  f"{saved['epoch']}, {saved['micro']} micro-batches done in it, step "
+                  f"{saved['step']}", flush=True)
 
     def before_micro_step(self, epoch: int, micro: int) -> bool:
         if (epoch, micro) < self.resume_at:
-            # Trained before the checkpoint. The sampler's order depends only on
-            # seed + epoch, so skipping here leaves exactly the samples that followed.
-            return False
+            return False  # trained before the checkpoint (the order depends on seed + epoch only)
         if self.fault is not None:
             self.fault.fire_if_due(self.env.rank, self.counters["step"], self.attempt)
         if self.timer is not None:
@@ -156,14 +153,13 @@ class Instrument(Hooks):
 
     def _write(self, record: Dict[str, Any]) -> None:
         if self.records is not None:
-            self.records.write({"kind": record.pop("kind"), "rank": self.env.rank, "attempt": self.attempt,
-                                **record})
+            self.records.write({"kind": record.pop("kind"), "rank": self.env.rank,
+                                "attempt": self.attempt, **record})
 
     def finish(self, model) -> None:
         wall = time.perf_counter() - self.t_train
         module = unwrap(model)
         if self.out is not None and self.env.rank == 0:
-            # Atomically, like a checkpoint: a reader never sees half a model.pt.
             save_checkpoint({k: v.cpu() for k, v in module.state_dict().items()},
                             os.path.join(self.out, "model.pt"))
         env, counters = self.env, self.counters
@@ -175,7 +171,7 @@ class Instrument(Hooks):
         if isinstance(self.records, MetricsWriter):
             self.records.close()
         if self.verbose:
-            sync_ms = self.timer.sync.total_s * 1e3 if self.timer and self.timer.sync else 0.0
-            print(f"done: {counters['step']} micro-steps, {counters['optimizer_steps']} optimizer steps, "
-                  f"final loss {self.last_loss:.4f}, {wall:.2f} s, of which sync {sync_ms:.0f} ms",
-                  flush=True)
+            sync_ms = self.timer.sync.total_s * 1e3 if self.timer else 0.0
+            print(f"done: {counters['step']} micro-steps, {counters['optimizer_steps']} optimizer "
+                  f"steps, final loss {self.last_loss:.4f}, {wall:.2f} s, of which sync "
+                  f"{sync_ms:.0f} ms", flush=True)

@@ -1,6 +1,6 @@
 """The original demo's code: each function is the original's version of the train.py function of
-the same name and arguments, and differs from it only by one mistake (``ddp_tutorial.mistakes``
-lists them). ``mistakes(bugs, train_module)`` is how ``train.main`` swaps them in for ``--bug``::
+the same name, with one mistake (``ddp_tutorial.mistakes``); ``train.main`` swaps it in for
+``--bug``::
 
     python -m ddp_tutorial.train --bug forward-outside-no-sync   # runs original.micro_step
 """
@@ -29,7 +29,7 @@ def make_inputs(size: int, seed: int, rank: Optional[int] = None) -> torch.Tenso
 
 
 def start_epoch(sampler: DistributedSampler, epoch: int) -> None:
-    """The original never calls ``sampler.set_epoch(epoch)``: every epoch repeats epoch 0's order."""
+    """The original never calls ``sampler.set_epoch(epoch)``: every epoch repeats one order."""
 
 
 def sync_schedule(num_batches: int, accum_steps: int) -> List[bool]:
@@ -43,7 +43,7 @@ def loss_divisors(num_batches: int, accum_steps: int) -> List[int]:
 
 
 def micro_step(model: nn.Module, loss_fn, x, y, loss_divisor: int, sync: bool) -> torch.Tensor:
-    """The original runs forward before entering ``no_sync()``, so DDP has already planned the all-reduce."""
+    """The original runs forward before ``no_sync()``: DDP has already planned the all-reduce."""
     skip_sync = isinstance(model, DDP) and not sync  # a plain model has nothing to skip
     out = model(x)
     with model.no_sync() if skip_sync else contextlib.nullcontext():
@@ -57,12 +57,10 @@ def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(out, torch.rand_like(out))
 
 
-# -- Swapping them in for a run ------------------------------------------------------
 @contextlib.contextmanager
 def mistakes(bugs: Iterable[str], train_module: ModuleType):
-    """Within the block, ``train_module`` (train.py's, also when it runs as ``__main__``) calls the
-    original's version of each function the ``--bug`` names in ``bugs`` replace; its own are back
-    on exit, so nothing leaks into a later run. An unknown name raises ValueError."""
+    """Within the block, ``train_module`` (train.py, also as ``__main__``) calls the original's
+    version of each function the ``--bug`` names in ``bugs`` replace."""
     unknown = sorted(set(bugs) - set(BUG_FUNCTIONS))
     if unknown:
         raise ValueError(f"not a --bug of train.py: {unknown}; choose from {sorted(BUG_FUNCTIONS)}")

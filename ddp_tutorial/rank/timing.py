@@ -1,9 +1,5 @@
-"""Where a step record's times come from: torch's own hooks, so the lesson code carries no timers.
-
-``SyncTimer`` is a DDP comm hook that times the all-reduces; ``StepTimer`` adds a forward hook and
-an optimizer step pre-hook, and ``Instrument`` calls ``start``, ``compute_starts`` and ``stop``
-around each micro-step.
-"""
+"""Where a step record's times come from: torch's own hooks, so the lesson code carries no timers
+(a DDP comm hook, a forward hook and an optimizer step pre-hook)."""
 
 from __future__ import annotations
 
@@ -16,14 +12,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 class SyncTimer:
-    """A DDP comm hook that all-reduces like DDP's default hook, and times it::
-
-        timer = SyncTimer()
-        ddp_model.register_comm_hook(timer, SyncTimer.hook)
-
-    A step's sync time runs from the first bucket's all-reduce launch to the last one's completion:
-    the wait for the slowest rank is inside it. ``total_bytes``: the gradient bytes all-reduced.
-    """
+    """A DDP comm hook that all-reduces like DDP's default hook, and times it: from the first
+    bucket's all-reduce launch to the last one's completion, the wait for the slowest rank inside.
+    ``ddp_model.register_comm_hook(timer, SyncTimer.hook)``; ``total_bytes``: bytes all-reduced."""
 
     def __init__(self):
         self.total_s = 0.0
@@ -47,9 +38,8 @@ class SyncTimer:
 
     @staticmethod
     def hook(state: "SyncTimer", bucket):
-        now = time.perf_counter()
         if state.calls == 0:
-            state.first_start = now
+            state.first_start = time.perf_counter()
         state.calls += 1
         tensor = bucket.buffer()
         state.total_bytes += tensor.numel() * tensor.element_size()
@@ -59,15 +49,12 @@ class SyncTimer:
 
 
 class StepTimer:
-    """The phases of each micro-step, timed by hooks on the (DDP-wrapped) model and its optimizer.
-
-    Holds no reference to either (they hold the hooks): the DDP model and its process group go
-    away when train.py drops them.
-    """
+    """The phases of each micro-step, timed by hooks on the model and its optimizer. Holds neither
+    (they hold the hooks): the DDP model and its group go away when train.py drops them."""
 
     def __init__(self, model: nn.Module, optimizer):
-        self.sync = SyncTimer() if isinstance(model, DDP) else None
-        if self.sync is not None:
+        self.sync = SyncTimer()  # without DDP nothing calls it: no sync time, no all-reduces
+        if isinstance(model, DDP):
             model.register_comm_hook(self.sync, SyncTimer.hook)
         model.register_forward_hook(self._forward_done)
         optimizer.register_step_pre_hook(self._backward_done)
@@ -84,14 +71,13 @@ class StepTimer:
 
     def compute_starts(self) -> None:  # after any straggler delay
         self.t1 = self.t_forward = self.t_backward = time.perf_counter()
-        if self.sync is not None:
-            self.sync.start_step()
+        self.sync.start_step()
 
     def stop(self, sync: bool) -> Dict[str, Any]:
         """The micro-step's timing fields; ``sync``: it ended with an optimizer step."""
         t4 = time.perf_counter()
         t3 = self.t_backward if sync else t4  # without an optimizer step, backward ended just now
-        sync_s, sync_offset_s, calls = self.sync.finish_step(self.t0) if self.sync else (0.0, None, 0)
+        sync_s, sync_offset_s, calls = self.sync.finish_step(self.t0)
         return {"t_start": self.t_start, "straggler_s": self.t1 - self.t0,
                 "forward_s": self.t_forward - self.t1, "backward_s": t3 - self.t_forward,
                 "optimizer_s": t4 - t3, "step_s": t4 - self.t0, "sync_s": sync_s,

@@ -1,19 +1,11 @@
 """Render every notebook, executed, to HTML: results a teacher can project and learners compare.
 
-    python -m ddp_tutorial.teacher.render                       # notebooks/*.ipynb -> rendered/*.html
-    python -m ddp_tutorial.teacher.render --out /tmp/class notebooks/04_no_sync_accumulation.ipynb
+    python -m ddp_tutorial.teacher.render [--out rendered] [--answers] [NOTEBOOK ...]
 
-Each notebook runs top to bottom in a fresh kernel started in its own folder
-(as in JupyterLab), with nbconvert's executor; only the HTML is written, so the
-notebooks in git stay without outputs. A notebook with a failing cell is still
-rendered, past that cell, and the command names the cell and exits 1.
-
-Reference pages teach without telling: the exercises run in a scratch folder (never
-``notebooks/my_work/``), and what a hint, a solution or a check of the untouched
-skeleton prints (the cells tagged ``answer``) is left out unless ``--answers`` asks for it.
-Each page is titled with its notebook's first heading and stands alone offline: formulas
-are rendered to MathML when the page is built (``latex2mathml``; browsers draw MathML
-themselves), and the page loads no script (no MathJax, require.js or widget manager from a CDN).
+Each notebook runs in a fresh kernel in its own folder (nbconvert); only the HTML is written. A
+failing cell is named, the page rendered past it, and the command exits 1. Exercises run in a
+scratch folder, and the outputs of cells tagged ``answer`` are left out unless ``--answers``. A page
+stands alone offline: formulas as MathML (``latex2mathml``), no script from a CDN.
 """
 
 from __future__ import annotations
@@ -21,15 +13,14 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
 import sys
 import tempfile
 import time
+from unittest import mock
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-#: The tag of cells whose output gives an answer away: a hint, a solution, a check of the learner's
-#: own (here: untouched) file.
+#: The tag of cells whose output gives an answer away: a hint, a solution, a check of the own file.
 ANSWER_TAG = "answer"
 LEFT_OUT = ("(left out of the reference page: run this cell in the notebook; "
             "python -m ddp_tutorial.teacher.render --answers includes it)")
@@ -80,8 +71,8 @@ def math_to_mathml(markdown: str) -> str:
 
 
 def leave_out_answers(nb) -> int:
-    """Replace the outputs of the cells tagged ``ANSWER_TAG`` with one line saying so; returns how
-    many. (nbconvert's ``TagRemovePreprocessor`` would remove them, and no line would say so.)"""
+    """Replace the outputs of the cells tagged ``ANSWER_TAG`` with one line saying so; how many.
+    (nbconvert's ``TagRemovePreprocessor`` would remove them without a word.)"""
     import nbformat
 
     answers = [c for c in nb.cells if ANSWER_TAG in c.metadata.get("tags", []) and c.get("outputs")]
@@ -104,42 +95,24 @@ def to_html(nb) -> str:
     return body
 
 
-def render(notebooks: Sequence[Path], out: Path, timeout_per_cell: int = 300, answers: bool = False) -> List[Dict]:
-    """Execute each notebook and write ``<out>/<name>.html``; returns one row per notebook.
-
-    Args:
-        notebooks: the .ipynb files, run in this order, each in a fresh kernel in its own folder.
-        out: the folder for the HTML files (made if missing).
-        timeout_per_cell: seconds one cell may run before it is stopped (the launches
-            in the notebooks have deadlines of their own, well below this).
-        answers: keep what hints, solutions and checks of the (untouched) exercise files print.
-
-    Returns:
-        Rows of ``notebook``, ``html`` (the path), ``seconds``, ``ok`` (no unexpected
-        error) and ``errors`` (each unexpected error, by cell).
-    """
+def render(notebooks: Sequence[Path], out: Path, timeout_per_cell: int = 300,
+           answers: bool = False) -> List[Dict]:
+    """Execute each notebook and write ``<out>/<name>.html``; one row per notebook: ``notebook``,
+    ``html``, ``seconds``, ``ok``, ``errors`` (each unexpected error, by cell), ``left_out``."""
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    scratch = Path(tempfile.mkdtemp(prefix="ddp-tutorial-render-"))
-    saved = {name: os.environ.get(name) for name in ("DDP_TUTORIAL_MY_WORK", "DDP_TUTORIAL_RUNS")}
-    try:
+    with tempfile.TemporaryDirectory(prefix="ddp-tutorial-render-",
+                                     ignore_cleanup_errors=True) as tmp:
         for path in map(Path, notebooks):
-            # Kernels inherit this environment: each notebook's exercises start from fresh skeletons here.
-            os.environ["DDP_TUTORIAL_MY_WORK"] = str(scratch / path.stem / "my_work")
-            os.environ["DDP_TUTORIAL_RUNS"] = str(scratch / path.stem / "runs")
-            rows.append(_render_one(path, out, timeout_per_cell, answers))
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        shutil.rmtree(scratch, ignore_errors=True)
+            # Kernels inherit this environment: the exercises start from fresh skeletons here.
+            scratch = Path(tmp) / path.stem
+            with mock.patch.dict(os.environ, DDP_TUTORIAL_MY_WORK=str(scratch / "my_work"),
+                                 DDP_TUTORIAL_RUNS=str(scratch / "runs")):
+                rows.append(_render_one(path, out, timeout_per_cell, answers))
     return rows
 
 
 def _render_one(path: Path, out: Path, timeout_per_cell: int, answers: bool) -> Dict:
-    """Execute one notebook and write its page; returns its row (see ``render``)."""
     import nbformat  # nbconvert and nbformat come with jupyterlab
     from nbconvert.preprocessors import ExecutePreprocessor
 
@@ -166,13 +139,13 @@ def _render_one(path: Path, out: Path, timeout_per_cell: int, answers: bool) -> 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.teacher.render", description=__doc__.splitlines()[0])
-    parser.add_argument("notebooks", nargs="*", type=Path,
-                        help="notebooks to render (default: every notebooks/*.ipynb, in order)")
-    parser.add_argument("--out", type=Path, default=Path("rendered"), help="folder for the HTML (default: rendered)")
-    parser.add_argument("--timeout", type=int, default=300, help="seconds per cell (default: 300)")
-    parser.add_argument("--answers", action="store_true",
-                        help="keep what hints, solutions and checks of the exercise files print (a key for teachers)")
+    parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.teacher.render",
+                                     description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("notebooks", nargs="*", type=Path, help="default: every notebooks/*.ipynb, in order")
+    add("--out", type=Path, default=Path("rendered"), help="default: rendered")
+    add("--timeout", type=int, default=300, help="seconds per cell (default: 300)")
+    add("--answers", action="store_true", help="keep the answer cells' outputs (a teacher's key)")
     args = parser.parse_args(argv)
     notebooks = args.notebooks or sorted(Path("notebooks").glob("[0-9]*.ipynb"))
     if not notebooks:

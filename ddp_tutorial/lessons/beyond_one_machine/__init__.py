@@ -1,9 +1,7 @@
-"""Lesson 08 (beyond one machine): its worker scripts are in ``workers/``.
+"""Notebook 08's helpers (beyond one machine); it mostly launches train.py itself.
 
-Notebook 08 mostly launches train.py itself (multi-node torchrun, checkpoints,
-restarts); ``workers/uneven_join.py`` shows uneven inputs with and without
-``Join``, and ``workers/gpu_check.sh`` checks the nccl path on a GPU machine.
-``slurm/`` holds the sbatch script (the local cluster to run it on is ``maintainer/slurm``).
+``workers/uneven_join.py`` shows uneven inputs with and without ``Join``; ``workers/gpu_check.sh``
+checks the nccl path on a GPU machine; ``slurm/`` holds the sbatch script.
 """
 
 from pathlib import Path
@@ -18,13 +16,10 @@ CHECKPOINT_CODE = str(Path(__file__).resolve().parents[2] / "checkpoint.py")
 
 
 def failure_order(error, world_size: int) -> str:
-    """Which rank failed first and what the others did, in the order ``launch`` saw them fail.
-
-    The text comes from one place, the ``WorkerError`` of a ``world_size``-rank launch: its
-    ``rank`` failed first and its ``traceback`` is that rank's own; ``failed_after`` are the
-    ranks that failed on their own later; ``launch`` stopped every other rank.
-    """
-    lines = [f"rank {error.rank} failed first (exit code {error.exit_code}); its error: {error_line(error)}"]
+    """Which rank failed first and what the others did, from a ``world_size``-rank launch's
+    ``WorkerError`` (``failed_after``: ranks that failed on their own later)."""
+    lines = [f"rank {error.rank} failed first (exit code {error.exit_code}); "
+             f"its error: {error_line(error)}"]
     lines += [f"rank {r} failed on its own after it" for r in error.failed_after]
     stopped = [r for r in range(world_size) if r != error.rank and r not in error.failed_after]
     if stopped:

@@ -1,7 +1,5 @@
-"""What every criterion of exercise "my_ddp" shares (its thresholds, the criteria's names, the
-readers of the records ``workers/my_ddp_harness.py`` reports), and its bucket and overlap criteria:
-the bucket layouts a cap gives (by the exercise's rule or DDP's, in any order of the parameters),
-and whether the all-reduces were launched while backward still ran. No torch here."""
+"""Exercise "my_ddp"'s shared thresholds, criteria names and record readers, and its bucket and
+overlap criteria. No torch here."""
 
 from __future__ import annotations
 
@@ -11,11 +9,9 @@ from typing import Dict, List, Optional, Sequence
 from ddp_tutorial.exercises.judge.common import Criterion, not_measured, plural
 from ddp_tutorial.exercises.runs import HarnessRun
 
-#: Parameters closer than this to DDP's count as equal. Measured (notebook 11): W = 2 is bit-identical;
-#: at W = 4 the order of the 4-way sum differs and the parameters differ by about 1.5e-8 after 5 steps.
+#: Parameters this close to DDP's count as equal (W = 4 sums in another order: the last bits differ).
 TOLERANCE = 1e-6
-#: Gradients closer than this to this rank's own (unsynchronised) ones are those: the same ops on the same
-#: values give the same bits; another rank's batch moves them by about 1e-2.
+#: Gradients this close to this rank's own (unsynchronised) ones are those: same ops, same bits.
 SAME_GRAD = 1e-7
 STEPS = 3
 #: The caps the harness trains with, in bytes (its CAP_BYTES).
@@ -35,10 +31,6 @@ UNUSED = ("a trainable parameter no forward uses: an error on every rank (as tor
 ORDER = "every rank calls the same collectives in the same order"
 
 
-def events_by_rank(run: HarnessRun, event: str) -> Dict[int, List[dict]]:
-    return {r: run.events(r, event) for r in run.ranks}
-
-
 def bytes_text(n: int) -> str:
     return "1 MiB" if n == 2**20 else f"{n:,} bytes"
 
@@ -49,7 +41,7 @@ def caps_text(caps: Sequence[int]) -> str:
 
 
 def trainings(run: HarnessRun) -> Optional[Dict[int, List[dict]]]:
-    trains = events_by_rank(run, "train")
+    trains = {r: run.events(r, "train") for r in run.ranks}
     return None if any(len(t) < len(CAPS) for t in trains.values()) else trains
 
 
@@ -76,8 +68,8 @@ def fill_reaching(sizes: Sequence[int], cap: float) -> List[int]:
 
 
 def layouts(sizes: Sequence[int], cap: int) -> set:
-    """Every bucket layout (sizes, sorted) that filling in some order of the parameters gives, by either rule;
-    a cap read as 10**6 bytes per MB as well (CAPS keep that from changing any layout, but it is no mistake)."""
+    """Every bucket layout (sizes, sorted) that either rule gives in some order of the parameters;
+    also with the cap read as 10**6 bytes per MB (no mistake either)."""
     found = set()
     for limit in (cap, cap / 2**20 * 10**6):
         for order in itertools.permutations(sizes):
@@ -136,7 +128,6 @@ def buckets(runs: List[HarnessRun]) -> Criterion:
     return Criterion(BUCKETS, True, f"buckets per step: {shown}, each a layout the cap gives")
 
 
-# -- Overlap ----------------------------------------------------------------------------------------------
 def overlap(runs: List[HarnessRun]) -> Criterion:
     total = {"in": 0, "all": 0}
     for run in runs:

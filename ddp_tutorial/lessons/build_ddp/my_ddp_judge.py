@@ -1,32 +1,13 @@
-"""Judge exercise "my_ddp": a learner's MyDDP against torch's DDP, from what the harness measured at W = 2 and 4.
+"""Judge exercise "my_ddp": a learner's MyDDP beside torch's DDP, from what
+``workers/my_ddp_harness.py`` measured at W = 2 and 4. A failure names the mistake its measurement
+matches; a criterion that this mistake upsets as a side effect says "not measured". No torch here.
 
-The harness (``workers/my_ddp_harness.py``) reports per rank: the construction
-(``construct``), three trainings with the caps of ``CAPS`` (``train``), a no_sync
-accumulation (``no_sync``), a model with a parameter no forward uses (``unused``),
-each beside DDP on the same batches, every collective the moment it was called
-(``launch``), and a ``mismatch`` where the ranks' collectives part. Each criterion
-is judged on both runs; a failure names the mistake its measurement matches, and a
-criterion that one mistake upsets as a side effect says "not measured" rather than
-a second, false diagnosis. No torch here.
-
-What the exercise asks, where torch's DDP does otherwise:
-
-- buckets: filled in one fixed order of the trainable parameters, a new bucket once the next
-  gradient would pass the cap. DDP closes a bucket once it *reaches or passes* the cap
-  (``compute_bucket_assignment_by_size``, reducer.cpp), so its buckets can exceed it; either rule,
-  in any order that is the same on every rank, passes. (DDP also puts every gradient in one
-  bucket for its first iteration, then rebuilds them in the order gradients arrived.)
-- overlap: an all-reduce overlaps if it was launched, asynchronously, while backward still
-  had gradients to produce, and not waited for before backward's end.
-- buffers: broadcast from rank 0 at construction (DDP also does it before every forward,
-  ``broadcast_buffers=True``; the toy model's buffer never changes, so both give the same).
-- a trainable parameter no forward uses: MyDDP raises (on every rank), as DDP raises "Expected
-  to have finished reduction in the prior iteration" at the next forward
-  (``Reducer::ensure_prior_reduction_finished``); a class that handles it instead, leaving the
-  result ``DDP(find_unused_parameters=True)`` gives, passes too. Silence with un-averaged gradients fails.
-
-``my_ddp_buckets`` holds the thresholds, the criteria's names, the readers of the
-records, and the bucket and overlap criteria; this module the rest.
+Where the exercise allows more than torch's DDP does: either bucket rule (a new bucket before the
+cap is passed, or DDP's: closed once it reaches the cap, reducer.cpp
+``compute_bucket_assignment_by_size``), in any order that is the same on every rank; buffers
+broadcast at construction only; for a parameter no forward uses, an error on every rank (DDP raises
+at the next forward, ``Reducer::ensure_prior_reduction_finished``) or what
+find_unused_parameters=True gives. ``my_ddp_buckets`` holds the shared names and two criteria.
 """
 
 from __future__ import annotations
@@ -34,19 +15,12 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 from ddp_tutorial.exercises.judge.common import Criterion, max_difference, not_measured, ran_to_end, ranks_text
-# The bucket and overlap criteria and the thresholds and names, as ``my_ddp.NAME`` (tests and the check use them).
 from ddp_tutorial.lessons.build_ddp.my_ddp_buckets import (  # noqa: F401
     BROADCAST, BUCKETS, CAPS, NO_SYNC, ORDER, OVERLAP, RAN, SAME, SAME_GRAD, TOLERANCE, UNUSED,
-    buckets, bytes_text, caps_text, events_by_rank, fill_at_most, fill_reaching, layouts, overlap,
-    trainings)
+    buckets, bytes_text, caps_text, fill_at_most, fill_reaching, layouts, overlap, trainings)
 from ddp_tutorial.exercises.runs import HarnessRun
 
 
-def _error_text(runs: List[HarnessRun]) -> str:
-    return " ".join(str((run.final(r) or {}).get("error") or "") for run in runs for r in run.ranks)
-
-
-# -- Collectives that part the ranks ----------------------------------------------------------------------
 def _call_text(call) -> str:
     op, nbytes = call
     return f"{op} of {nbytes:,} bytes" if nbytes is not None else op
@@ -54,12 +28,8 @@ def _call_text(call) -> str:
 
 def _mismatch(runs: List[HarnessRun]) -> Optional[Tuple[HarnessRun, dict]]:
     """Where the ranks' collectives parted: the first ``mismatch`` the lockstep reported."""
-    for run in runs:
-        for r in run.ranks:
-            found = run.events(r, "mismatch")
-            if found:
-                return run, found[0]
-    return None
+    return next(((run, found[0]) for run in runs for r in run.ranks
+                 if (found := run.events(r, "mismatch"))), None)
 
 
 def _mismatch_text(run: HarnessRun, event: dict) -> str:
@@ -98,7 +68,7 @@ def ran(runs: List[HarnessRun]) -> Criterion:
             problems.append(f"W = {run.world_size}{at}: {c.detail}")
     if not problems:
         return Criterion(RAN, True, ", ".join(f"W = {r.world_size}: {r.seconds:.1f} s" for r in runs))
-    errors = _error_text(runs)
+    errors = " ".join(str((run.final(r) or {}).get("error") or "") for run in runs for r in run.ranks)
     if "doesn't require gradient" in errors or "does not require grad" in errors:
         problems.insert(0, "a hook on a frozen parameter: a parameter with requires_grad=False gets no gradient, "
                            "and register_post_accumulate_grad_hook refuses it. Hook only `if p.requires_grad`")
@@ -109,7 +79,7 @@ def ran(runs: List[HarnessRun]) -> Criterion:
 
 def broadcast(runs: List[HarnessRun]) -> Criterion:
     for run in runs:
-        built = {r: recs[-1] for r, recs in events_by_rank(run, "construct").items() if recs}
+        built = run.finals("construct")
         if len(built) < run.world_size:
             return not_measured(BROADCAST, run)
         differ = [r for r, b in built.items() if b["after"] != b["rank0"]]
@@ -140,7 +110,6 @@ def broadcast(runs: List[HarnessRun]) -> Criterion:
                                       f"({n} broadcasts), at W = " + " and ".join(str(r.world_size) for r in runs))
 
 
-# -- Training ---------------------------------------------------------------------------------------------
 def _never_reset(trains: Dict[int, List[dict]]) -> Optional[str]:
     """Launches that stop after each training's first step: per-step state that is never reset."""
     for recs in trains.values():
@@ -200,10 +169,6 @@ def _train_issue(run: HarnessRun, trains: Dict[int, List[dict]], hooked: Tuple[i
     return None
 
 
-def _same_failed(runs: List[HarnessRun]) -> bool:
-    return not same_as_ddp(runs).passed
-
-
 def same_as_ddp(runs: List[HarnessRun]) -> Criterion:
     worst = 0.0
     for run in runs:
@@ -214,7 +179,7 @@ def same_as_ddp(runs: List[HarnessRun]) -> Criterion:
         racy = any(s["not_waited"] or s["changed_after_launch"] for recs in trains.values() for t in recs
                    for s in t["steps"])
         if diff > TOLERANCE or racy:  # a race may be won on one run: the mistake is there all the same
-            built = [recs[-1] for recs in events_by_rank(run, "construct").values() if recs]
+            built = run.finals("construct").values()
             hooked = (min(b["hooked_params"] for b in built), min(b["hooks_registered"] for b in built))
             issue = _train_issue(run, trains, hooked)
             detail = f"W = {run.world_size}: the parameters differ from DDP's by up to {diff:.3g}"
@@ -223,10 +188,9 @@ def same_as_ddp(runs: List[HarnessRun]) -> Criterion:
     return Criterion(SAME, True, f"max difference {worst:.2g} at W = 2 and 4, at caps of {caps_text(CAPS)}")
 
 
-# -- no_sync, the unused parameter, the order -------------------------------------------------------------
 def no_sync(runs: List[HarnessRun]) -> Criterion:
     for run in runs:
-        recs = {r: v[-1] for r, v in events_by_rank(run, "no_sync").items() if v}
+        recs = run.finals("no_sync")
         if len(recs) < run.world_size:
             return not_measured(NO_SYNC, run)
         counts = recs[0]["all_reduces"]
@@ -244,7 +208,7 @@ def no_sync(runs: List[HarnessRun]) -> Criterion:
                                              "only while syncing")
         diff = max(max_difference(r["final"], r["ddp_final"]) for r in recs.values())
         if diff > TOLERANCE:
-            if _same_failed(runs):
+            if not same_as_ddp(runs).passed:
                 return not_measured(NO_SYNC, run, f"all-reduces per micro-batch {counts}, as they should be; whether "
                                                   f"the sum is right cannot be told while training differs from "
                                                   f"DDP's (see '{SAME[:40]}...')")
@@ -258,7 +222,7 @@ def no_sync(runs: List[HarnessRun]) -> Criterion:
 def unused(runs: List[HarnessRun]) -> Criterion:
     answers = []
     for run in runs:
-        recs = {r: v[-1] for r, v in events_by_rank(run, "unused").items() if v}
+        recs = run.finals("unused")
         if len(recs) < run.world_size:
             stuck = [r for r in run.still_running
                      if run.events(r, "segment") and "unused" in run.events(r, "segment")[-1]["name"]]
@@ -283,7 +247,7 @@ def unused(runs: List[HarnessRun]) -> Criterion:
             answers.append(f"W = {run.world_size}: no error, and the parameters equal "
                            "DDP(find_unused_parameters=True)'s")
             continue
-        if _same_failed(runs):
+        if not same_as_ddp(runs).passed:
             return not_measured(UNUSED, run, f"no error, and the parameters differ from DDP's; so does training "
                                              f"(see '{SAME[:40]}...')")
         rec = recs[0]

@@ -11,23 +11,14 @@ from ddp_tutorial.lessons.figure import finish_axes, new_axes
 
 def plot_overlap_timeline(timelines: Dict[str, Dict[int, dict]], ax: Optional[plt.Axes] = None,
                           title: Optional[str] = None) -> plt.Axes:
-    """One row per (version, rank): backward (grey), each gradient ready (black tick), each all-reduce from
-    launch to completion (red), the wait after backward (orange), in ms from the step's forward start.
-
-    Args:
-        timelines: version -> ``lessons.build_ddp.timeline(run, version)``.
-        ax: axes to draw on (new figure if None).
-        title: the title.
-    """
+    """One row per (version, rank) of ``timelines`` (version -> ``build_ddp.timeline``): backward,
+    each gradient ready, each all-reduce from launch to completion, the wait after backward."""
     rows = [(version, rank, t) for version, ranks in timelines.items() for rank, t in sorted(ranks.items())]
     ax = new_axes(ax, figsize=(9, 0.45 * len(rows) + 1.2))
     labelled = set()
 
-    def label(name):
-        if name in labelled:
-            return None
-        labelled.add(name)
-        return name
+    def label(name):  # each name once in the legend
+        return None if name in labelled or labelled.add(name) else name
 
     for y, (version, rank, t) in enumerate(rows):
         start, end = t["backward"]
@@ -48,16 +39,9 @@ def plot_overlap_timeline(timelines: Dict[str, Dict[int, dict]], ax: Optional[pl
 
 def plot_side_by_side(summary: Dict[str, dict], ax: Optional[plt.Axes] = None,
                       title: Optional[str] = None) -> plt.Axes:
-    """Per version and torch's DDP, two bars side by side (median ms of a step): the whole step, and the
-    communication exposed after the last gradient (what the step waited for). Time with an all-reduce in flight
-    during backward is not drawn: it counts queueing and waiting for the peer, so it is no length of
-    communication and would read as one stacked on the exposed part.
-
-    Args:
-        summary: ``lessons.build_ddp.overlap_summary(run)``.
-        ax: axes to draw on (new figure if None).
-        title: the title.
-    """
+    """Per version of ``summary`` (``build_ddp.overlap_summary``): the median step, and the
+    communication exposed after the last gradient. Time in flight during backward is not drawn: it
+    counts queueing and waiting for the peer, no length of communication."""
     from ddp_tutorial.lessons.build_ddp import NAMES
 
     ax = new_axes(ax, figsize=(8, 3.4))

@@ -1,18 +1,12 @@
-"""Notebook helpers of lessons 01 and 02: init_process_group and the DDP wrap.
-
-Each helper launches a script of ``lessons/init_wrap/workers`` or turns a
-``Run`` into tidy rows, so a notebook cell stays one call. No torch is imported here.
-
-    sweep = init_sweep((1, 2, 4))                 # notebook 01: init time vs world size
-    run = run_wrap_demo()                         # notebook 02: broadcast, gradients, buckets
-    rows = bucket_rows(run)
-"""
+"""Notebooks 01 and 02 (init_process_group, the DDP wrap): each helper launches a script of
+``workers/`` or turns its ``Run`` into rows, so that a cell stays one call."""
 
 from __future__ import annotations
 
 from typing import Dict, List, Sequence
 
-from ddp_tutorial.launcher import LaunchError, LaunchTimeout, WorkerError, launch, port_taken, worker_script
+from ddp_tutorial.launcher import (LaunchError, LaunchTimeout, WorkerError, launch, port_taken,
+                                   worker_script)
 from ddp_tutorial.lessons import hold_port, rank_results
 from ddp_tutorial.lessons.table import text_table
 
@@ -21,35 +15,20 @@ WRAP_SCRIPT = worker_script(__file__, "wrap_demo.py")
 
 
 # -- Notebook 01: init_process_group -------------------------------------------
-def run_init_demo(world_size: int, threads: int = 1, echo: str = "none", extra_args: Sequence[str] = (),
+def run_init_demo(world_size: int, echo: str = "none", extra_args: Sequence[str] = (),
                   **launch_kwargs):
-    """Launch ``init_demo.py`` (time init, all_reduce rank + 1) and return its ``Run``.
-
-    ``threads``: torch threads per rank (0: as the process started, i.e. OMP_NUM_THREADS);
-    ``extra_args``: more flags of ``init_demo.py``; the rest goes to ``launch``.
-    """
+    """Launch ``init_demo.py`` (time init, all_reduce rank + 1) with ``extra_args``; its ``Run``."""
     launch_kwargs.setdefault("timeout", 60)
-    return launch(INIT_SCRIPT, world_size, ["--threads", str(threads), *extra_args], echo=echo, **launch_kwargs)
+    return launch(INIT_SCRIPT, world_size, list(extra_args), echo=echo, **launch_kwargs)
 
 
 def init_rows(run) -> List[dict]:
-    """One row per rank: its init time split into waiting for peers and setting up.
-
-    ``wait_s`` runs from this rank's call to the last rank's call (with gloo
-    nobody can finish before everyone has arrived); ``setup_s`` from that last
-    arrival to this rank's return: the store handshake and the backend's connections.
-    """
+    """Per rank, its report with init split: ``wait_s`` until the last rank called init (gloo
+    returns to nobody before), ``setup_s`` after it (store handshake, connections)."""
     results = {rank: recs[-1] for rank, recs in rank_results(run).items()}
     last_arrival = max(r["arrive_time"] for r in results.values())
-    rows = []
-    for rank, r in sorted(results.items()):
-        rows.append({"rank": rank, "world_size": r["world_size"], "init_s": r["init_s"],
-                     "wait_s": last_arrival - r["arrive_time"], "setup_s": r["done_time"] - last_arrival,
-                     "all_reduce_sum": r["all_reduce_sum"], "torch_threads": r["torch_threads"],
-                     "default_threads": r["default_threads"], "cpu_count": r["cpu_count"],
-                     "default_pg_timeout_s": r["default_pg_timeout_s"],
-                     "default_pg_nccl_timeout_s": r["default_pg_nccl_timeout_s"]})
-    return rows
+    return [{**r, "rank": rank, "wait_s": last_arrival - r["arrive_time"],
+             "setup_s": r["done_time"] - last_arrival} for rank, r in sorted(results.items())]
 
 
 def init_sweep(world_sizes: Sequence[int] = (1, 2, 4), echo: str = "none") -> Dict[int, List[dict]]:
@@ -67,25 +46,21 @@ def format_init_sweep(sweep: Dict[int, List[dict]]) -> str:
 
 
 def threads_demo(world_size: int = 4, echo: str = "none") -> List[dict]:
-    """``init_rows`` of one ``init_demo.py`` run in which rank 0 also asks a fresh Python for
-    torch's default thread count (``--probe-default-threads``), the same warm or cold."""
+    """``init_rows`` of a run in which rank 0 asks a fresh Python for torch's default threads."""
     return init_rows(run_init_demo(world_size, echo=echo, extra_args=["--probe-default-threads"]))
 
 
 def threads_totals(rows: List[dict]) -> Dict[str, int]:
-    """Threads the ranks of a ``threads_demo`` run: with the launcher's setting, with torch's default, CPUs."""
+    """Threads of a ``threads_demo`` run's ranks: as launched, with torch's default; and CPUs."""
     default = rows[0]["default_threads"]
     return {"ranks": len(rows), "cpus": rows[0]["cpu_count"], "default_per_process": default,
-            "with_default": len(rows) * default, "as_launched": sum(r["torch_threads"] for r in rows)}
+            "with_default": len(rows) * default,
+            "as_launched": sum(r["torch_threads"] for r in rows)}
 
 
 def init_split(sweep: Dict[int, List[dict]]) -> Dict[int, Dict[str, float]]:
-    """Per world size: the ranks' init time summed, and the share of it spent waiting for the last arrival.
-
-    Which share is larger is a fact of one run, not of ``init_process_group``: ranks
-    that reach the call at different moments (a busy machine, a cold start that imports
-    torch) wait; ranks that arrive together spend their time in setup.
-    """
+    """Per world size: the ranks' wait and setup summed, and the share spent waiting.
+    Which is larger is a fact of one run: ranks that arrive apart wait, together they set up."""
     split = {}
     for world_size, rows in sweep.items():
         wait, setup = sum(r["wait_s"] for r in rows), sum(r["setup_s"] for r in rows)
@@ -100,9 +75,10 @@ def format_init_split(split: Dict[int, Dict[str, float]]) -> str:
     lines = []
     for world_size, s in split.items():
         larger = "waiting" if s["wait_s"] > s["setup_s"] else "setup"
-        lines.append(f"world_size {world_size}: the ranks waited {s['wait_s'] * 1e3:6.1f} ms and set up "
-                     f"{s['setup_s'] * 1e3:6.1f} ms in all ({s['wait_share']:.0%} waiting; first to last "
-                     f"arrival {s['arrival_spread_s'] * 1e3:.1f} ms): {larger} was larger in this run")
+        lines.append(f"world_size {world_size}: the ranks waited {s['wait_s'] * 1e3:6.1f} ms and "
+                     f"set up {s['setup_s'] * 1e3:6.1f} ms in all ({s['wait_share']:.0%} waiting; "
+                     f"first to last arrival {s['arrival_spread_s'] * 1e3:.1f} ms): {larger} was "
+                     "larger in this run")
     return "\n".join(lines)
 
 
@@ -110,23 +86,19 @@ def format_threads(rows: List[dict]) -> str:
     """Per rank of a ``threads_demo`` run: threads it runs; then torch's default and the totals."""
     totals = threads_totals(rows)
     lines = [f"rank {r['rank']}: runs {r['torch_threads']} torch thread(s)" for r in rows]
-    lines.append(f"torch's default in a fresh process here: {totals['default_per_process']} thread(s) "
-                 f"(the machine has {totals['cpus']} CPU(s))")
-    lines.append(f"{totals['ranks']} ranks with torch's default: {totals['with_default']} threads for "
-                 f"{totals['cpus']} CPU(s); with the launcher's setting: {totals['as_launched']}")
+    lines.append(f"torch's default in a fresh process here: {totals['default_per_process']} "
+                 f"thread(s) (the machine has {totals['cpus']} CPU(s))")
+    lines.append(f"{totals['ranks']} ranks with torch's default: {totals['with_default']} threads "
+                 f"for {totals['cpus']} CPU(s); with the launcher's setting: "
+                 f"{totals['as_launched']}")
     return "\n".join(lines)
 
 def launch_wrong_world_size(world_size: int = 2, claimed: int = 3, pg_timeout: float = 5.0,
                             timeout: float = 60.0) -> WorkerError:
-    """Start ``world_size`` ranks that each believe WORLD_SIZE is ``claimed``; return the error that ends them.
+    """Start ``world_size`` ranks told WORLD_SIZE=``claimed``; the ``WorkerError`` that ends them.
 
-    Each rank waits in ``init_process_group`` for the address of a rank that never comes,
-    until the process group's timeout: ``pg_timeout`` s (``init_demo.py --pg-timeout``)
-    from that rank's own call, instead of gloo's default 30 minutes. The rank that gives up
-    first raises ``DistStoreError: wait timeout``, and ``launch`` stops the other one.
-    Every rank must reach init within ``pg_timeout`` s of the first, or it is stopped before
-    it gets there: two ranks started together do, even on a busy machine. ``timeout`` is
-    ``launch``'s deadline, a safety net only. Raises RuntimeError if the launch ends otherwise.
+    Each waits in init for a rank that never comes, until its ``pg_timeout`` (``--pg-timeout``);
+    the first to give up raises ``DistStoreError: wait timeout`` and ``launch`` stops the rest.
     """
     try:
         run_init_demo(world_size, echo="all", env={"WORLD_SIZE": str(claimed)}, timeout=timeout,
@@ -134,9 +106,10 @@ def launch_wrong_world_size(world_size: int = 2, claimed: int = 3, pg_timeout: f
     except WorkerError as err:
         return err
     except LaunchTimeout as err:
-        raise RuntimeError(f"{world_size} ranks told WORLD_SIZE={claimed} were still waiting at the "
-                           f"{timeout} s deadline: their {pg_timeout} s process-group timeout did not end it") from err
-    raise RuntimeError(f"{world_size} ranks told WORLD_SIZE={claimed} finished: expected a timeout in init")
+        raise RuntimeError(f"{world_size} ranks told WORLD_SIZE={claimed} were still waiting at "
+                           f"the {timeout} s deadline, past their {pg_timeout} s timeout") from err
+    raise RuntimeError(f"{world_size} ranks told WORLD_SIZE={claimed} finished: expected a timeout "
+                       "in init")
 
 
 def ranks_stuck_in_init(err: LaunchError) -> List[int]:
@@ -147,15 +120,8 @@ def ranks_stuck_in_init(err: LaunchError) -> List[int]:
 
 
 def port_clash(world_size: int = 2, timeout: float = 60.0):
-    """Launch with ``master_port`` fixed to a port another program already listens on.
-
-    A plain listening socket stands in for another job's store (like a second
-    run of the original demo on its hard-coded 12345). Rank 0 cannot host the
-    store there, so the launch fails fast.
-
-    Returns:
-        (port, the ``WorkerError`` raised by ``launch``).
-    """
+    """Launch on a port another job's store holds (a second run of the original on its 12345):
+    rank 0 cannot host the store, and the launch fails fast. Returns (port, the WorkerError)."""
     with hold_port() as port:
         try:
             run_init_demo(world_size, master_port=port, timeout=timeout)
@@ -172,8 +138,8 @@ def is_address_in_use(err: WorkerError) -> bool:
 # -- Notebook 02: DDP(model) ---------------------------------------------------
 def run_wrap_demo(world_size: int = 2, bucket_caps: Sequence[float] = (25, 1, 0.5, 0.25, 0.1),
                   echo: str = "rank0", **launch_kwargs):
-    """Launch ``wrap_demo.py``: broadcast at construction, gradient averaging, and buckets for each
-    ``bucket_cap_mb`` in ``bucket_caps`` on the deep model; the rest goes to ``launch``."""
+    """Launch ``wrap_demo.py``: the broadcast, the averaged gradient, the deep model's buckets
+    under each ``bucket_cap_mb`` of ``bucket_caps``."""
     launch_kwargs.setdefault("timeout", 120)
     args = ["--bucket-caps", *[str(c) for c in bucket_caps]]
     return launch(WRAP_SCRIPT, world_size, args, echo=echo, **launch_kwargs)
@@ -181,8 +147,8 @@ def run_wrap_demo(world_size: int = 2, bucket_caps: Sequence[float] = (25, 1, 0.
 
 def broadcast_rows(run) -> List[dict]:
     """Per rank: parameter checksum and digest before and after ``DDP(model)``."""
-    return [{"rank": rank, **{k: v for k, v in recs[-1].items() if k not in ("kind", "rank", "part")}}
-            for rank, recs in rank_results(run, "broadcast").items()]
+    return [{k: v for k, v in recs[-1].items() if k not in ("kind", "part")}
+            for recs in rank_results(run, "broadcast").values()]
 
 
 def format_broadcast(rows: List[dict]) -> str:
@@ -203,27 +169,17 @@ def gradient_check(run) -> dict:
 
 
 def bucket_rows(run, model: str = "deep", rank: int = 0) -> List[dict]:
-    """Per ``bucket_cap_mb`` tried on ``model``: buckets and all-reduces.
-
-    ``model`` is "deep" (one row per cap tried), "deep, DDP default" (the deep
-    model wrapped without ``bucket_cap_mb``; its cap is None) or "Model" (the
-    tutorial model, DDP's default buckets).
-
-    ``allreduces_first`` counts the first backward (DDP's initial buckets);
-    ``allreduces_per_step`` the later ones, after DDP rebuilt its buckets in
-    the order the gradients became ready.
-    """
+    """Per ``bucket_cap_mb`` tried on ``model`` ("deep", "deep, DDP default" or "Model"): buckets,
+    all-reduces of the first backward and of the last, after DDP rebuilt its buckets."""
     rows = []
     for rec in rank_results(run, "buckets")[rank]:
         if rec["model"] != model:
             continue
-        later = rec["allreduces_per_step"][1:]
+        calls = rec["allreduces_per_step"]
         rows.append({"bucket_cap_mb": rec["bucket_cap_mb"], "param_bytes": rec["param_bytes"],
-                     "bucket_sizes": rec["bucket_sizes"], "rebuilt_bucket_sizes": rec["rebuilt_bucket_sizes"],
-                     "num_buckets": len(rec["rebuilt_bucket_sizes"]),
-                     "allreduces_first": rec["allreduces_per_step"][0],
-                     "allreduces_per_step": later[-1] if later else rec["allreduces_per_step"][0],
-                     "allreduces_all_steps": rec["allreduces_per_step"]})
+                     "rebuilt_bucket_sizes": rec["rebuilt_bucket_sizes"],
+                     "num_buckets": len(rec["rebuilt_bucket_sizes"]), "allreduces_first": calls[0],
+                     "allreduces_per_step": calls[-1], "allreduces_all_steps": calls})
     return rows
 
 
@@ -234,5 +190,3 @@ def format_buckets(rows: List[dict]) -> str:
                         r["num_buckets"],
                         ", ".join(f"{s / 1024:.0f}" for s in r["rebuilt_bucket_sizes"]),
                         r["allreduces_all_steps"]) for r in rows])
-
-

@@ -11,21 +11,15 @@ from ddp_tutorial.lessons.figure import finish_axes, new_axes
 
 def plot_init_times(sweep: Dict[int, List[dict]], ax: Optional[plt.Axes] = None,
                     title: Optional[str] = None) -> plt.Axes:
-    """Mean time in ``init_process_group`` per world size, split into waiting and setup.
-
-    Args:
-        sweep: world size -> per-rank rows with ``wait_s`` and ``setup_s``
-            (``lessons_init_wrap.init_sweep``).
-        ax: axes to draw on (new figure if None).
-        title: the title.
-    """
+    """Mean time in ``init_process_group`` per world size of ``init_sweep``: waiting, setup."""
     ax = new_axes(ax, figsize=(6, 3.2))
     sizes = sorted(sweep)
     wait = [1e3 * sum(r["wait_s"] for r in sweep[w]) / len(sweep[w]) for w in sizes]
     setup = [1e3 * sum(r["setup_s"] for r in sweep[w]) / len(sweep[w]) for w in sizes]
     x = range(len(sizes))
     ax.bar(x, wait, color="#bbbbbb", label="waiting for the last rank to arrive")
-    ax.bar(x, setup, bottom=wait, color="#4c72b0", label="setup after all arrived (store, connections)")
+    ax.bar(x, setup, bottom=wait, color="#4c72b0",
+           label="setup after all arrived (store, connections)")
     ax.set_xticks(list(x), [str(w) for w in sizes])
     return finish_axes(ax, "world size (ranks)", "mean time in init_process_group (ms)",
                        title or "How long init_process_group takes")
@@ -33,14 +27,7 @@ def plot_init_times(sweep: Dict[int, List[dict]], ax: Optional[plt.Axes] = None,
 
 def plot_allreduces_vs_bucket_cap(rows: List[dict], ax: Optional[plt.Axes] = None,
                                   title: Optional[str] = None) -> plt.Axes:
-    """All-reduces per backward pass against ``bucket_cap_mb``, first pass and later passes.
-
-    Args:
-        rows: per bucket cap, ``bucket_cap_mb``, ``allreduces_first``,
-            ``allreduces_per_step`` and ``param_bytes`` (``lessons_init_wrap.bucket_rows``).
-        ax: axes to draw on (new figure if None).
-        title: the title.
-    """
+    """All-reduces per backward against ``bucket_cap_mb`` (``bucket_rows``): first pass, later."""
     ax = new_axes(ax, figsize=(6, 3.2))
     rows = sorted(rows, key=lambda r: r["bucket_cap_mb"])
     caps = [r["bucket_cap_mb"] for r in rows]

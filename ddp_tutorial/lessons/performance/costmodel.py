@@ -1,7 +1,6 @@
-"""What DDP costs, in numbers: bandwidths, the ring all-reduce cost model, its fit, a projection.
+"""What DDP costs: bandwidths, the ring all-reduce model, its fit, a projection (no torch).
 
-Pure arithmetic on measured numbers, no torch. The ring all-reduce of ``n`` bytes over ``p``
-ranks costs ``t(n, p) = 2(p-1)·α + 2(p-1)/p · n / B`` (notebook 07 derives it).
+A ring all-reduce of ``n`` bytes over ``p`` ranks: ``2(p-1)·α + 2(p-1)/p · n / B`` (notebook 07).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ QUICK_SIZES = [KB * 4 ** i for i in range(9)]
 
 
 def algbw(nbytes: float, seconds: float) -> float:
-    """Algorithm bandwidth, nccl-tests' definition: bytes of the tensor over the time (bytes/s)."""
+    """Algorithm bandwidth (nccl-tests): bytes of the tensor over the time."""
     return nbytes / seconds
 
 
@@ -44,17 +43,11 @@ def sweep_table(samples: Iterable[Dict]) -> List[Dict]:
 
 
 def fit_alpha_beta(samples: Sequence[Dict]) -> Dict[str, float]:
-    """Fit α and B of the ring model to measured all-reduce times, over every world size at once.
-
-    Least squares on the relative error (each point weighted by 1/t): the sweep spans
-    four decades of time, and a plain fit would let the 64 MB points decide alone.
-
-    Returns ``alpha_s`` (latency per message), ``bandwidth`` (B, bytes/s), ``beta_s_per_byte``
-    (1/B), ``r2`` (R² of log t against the model's log t), ``r2_linear`` (on t) and ``points``.
-    """
+    """Fit α and B (bytes/s) of the ring model to all-reduce times, over every world size at once:
+    least squares on the relative error, as the times span four decades. ``r2`` is on log t."""
     rows = [(s["world_size"], s["bytes"], s["seconds"]) for s in samples if s["world_size"] >= 2]
     if len(rows) < 2:
-        raise ValueError("need at least two all-reduce timings with world_size >= 2 to fit α and β")
+        raise ValueError("need at least two all-reduce timings with world_size >= 2 to fit")
     p, n, t = np.array(rows, dtype=float).T
     # t = α·2(p-1) + β·2(p-1)/p·n, both sides over t: each point's relative error counts
     x, ones = np.column_stack([2 * (p - 1), 2 * (p - 1) / p * n]) / t[:, None], np.ones_like(t)
@@ -103,19 +96,9 @@ PAPER_LIKE_JOB = {"label": "ResNet-50-like (assumed)", "model_bytes": 25.6e6 * 4
 def project_step(workers: int, *, alpha_s: float, bandwidth: float, compute_s_per_sample: float,
                  model_bytes: float, batch_per_worker: int, bucket_bytes: float = 25 * MB,
                  accum_steps: int = 1, backward_fraction: float = 2 / 3) -> Dict[str, float]:
-    """Predicted time of one optimizer step on ``workers`` workers, and the scaling efficiency.
-
-    Args:
-        alpha_s, bandwidth: the ring model's α (seconds per message) and B (bytes/s).
-        compute_s_per_sample: forward + backward + optimizer seconds per sample on one worker.
-        model_bytes: gradient bytes all-reduced per sync, in buckets of ``bucket_bytes``.
-        accum_steps: K, micro-batches of ``batch_per_worker`` samples per optimizer step.
-        backward_fraction: share of a micro-step's compute that is backward (overlap window).
-
-    Returns ``step_s``, ``compute_s``, ``comm_s`` (all buckets), ``exposed_comm_s`` (what overlap
-    does not hide), ``efficiency`` (one worker's step time / this one: 1.0 is linear scaling) and
-    ``samples_per_s`` for the whole job.
-    """
+    """Predicted time of one optimizer step on ``workers`` workers (K = ``accum_steps``
+    micro-batches), and ``efficiency``: one worker's step time over this one (1.0 is linear).
+    ``exposed_comm_s`` is the communication that ``backward_fraction`` of compute cannot hide."""
     micro_compute = compute_s_per_sample * batch_per_worker
     compute = micro_compute * accum_steps
     buckets = max(1, math.ceil(model_bytes / bucket_bytes))

@@ -1,7 +1,6 @@
-"""The performance lab's measurements: what DDP costs on this machine (notebook 07, the bench).
+"""The performance lab's measurements (notebook 07, the bench), and what each says in words.
 
-Each measurement is one launch of a probe in ``workers/``; the analysis (the α-β fit, the
-scaling projection) is ``costmodel``'s. This module imports no torch.
+Each measurement is one launch of a probe in ``workers/``; no torch here.
 """
 
 from __future__ import annotations
@@ -22,10 +21,8 @@ DDP_SCRIPT = worker_script(__file__, "perf_ddp.py")
 
 def allreduce_sweep(world_sizes: Sequence[int] = (2, 4), quick: bool = False,
                     backend: str = "gloo") -> Dict:
-    """All-reduce latency over sizes (every 4x when ``quick``, else 2x), a launch per world size:
-    ``table`` (a row per world size and size, with algbw and busbw), the α-β ``fit`` (also
-    ``fit_by_world_size``), ``memcpy_Bps`` (the ceiling), ``memcpy_by_size``, and on GPUs
-    (``backend="auto"``) ``cuda_samples`` and ``cuda_fit``."""
+    """All-reduce latency over sizes, a launch per world size: ``table`` (with algbw and busbw),
+    the α-β ``fit`` (also ``fit_by_world_size``), a plain copy's rate, on GPUs CUDA events."""
     samples, cuda_samples, ceilings, backends, memcpy = [], [], [], set(), []
     for world_size in world_sizes:
         run = launch(worker_script(__file__, "perf_allreduce.py"), world_size,
@@ -47,8 +44,7 @@ def allreduce_sweep(world_sizes: Sequence[int] = (2, 4), quick: bool = False,
 
 
 def plain_crosscheck(sweep: Dict) -> Dict:
-    """A bare all-reduce loop at 16 MB on 2 ranks, launched alone (``plain_s``), against the
-    sweep (``sweep_s``) and the fit (``fit_s``), and their relative gaps to it."""
+    """A bare all-reduce loop at 16 MB on 2 ranks, launched alone, against the sweep and the fit."""
     run = launch(worker_script(__file__, "perf_plain_allreduce.py"), 2, [str(CROSSCHECK_BYTES)],
                  timeout=120, echo="none", env={"CUDA_VISIBLE_DEVICES": ""})  # gloo, as the sweep
     plain_s = run.result(0, "seconds")
@@ -62,27 +58,20 @@ def plain_crosscheck(sweep: Dict) -> Dict:
 
 def ddp_lab(world_size: int = 2, quick: bool = False, sections: Sequence[str] = (),
             backend: str = "gloo") -> Dict:
-    """Buckets, overlap, accumulation, instrumentation overhead and sync-time fidelity, in one
-    launch: the dict ``workers/perf_ddp.py`` reported (its docstring names the keys)."""
+    """What ``workers/perf_ddp.py`` reports, in one launch (its docstring names the keys)."""
     args = ["--quick"] * quick + ["--backend", backend] + ["--sections", *sections] * bool(sections)
     return launch(DDP_SCRIPT, world_size, args, timeout=300, echo="rank0").results(0)[-1]
 
 
 def grad_view(world_size: int = 2, steps: int = 8) -> List[Dict]:
-    """Where the gradients live with and without ``gradient_as_bucket_view``, one launch: a row
-    per (view, set_to_none), keys as ``workers/perf_grad_view.py`` says."""
-    run = launch(worker_script(__file__, "perf_grad_view.py"), world_size,
-                 ["--steps", str(steps)], timeout=120, echo="none")
-    return run.result(0, "grad_view")
+    """``ddp_lab``'s section ``grad_view`` alone: a row per (view, set_to_none)."""
+    args = ["--backend", "gloo", "--sections", "grad_view", "--steps", str(steps)]
+    return launch(DDP_SCRIPT, world_size, args, timeout=120, echo="none").result(0, "grad_view")
 
 
 def projection(sweep: Dict, lab: Dict) -> Dict:
-    """The scaling projection from the fitted α and the measured compute time per sample.
-
-    Two jobs: this kit's model (measured) and a ResNet-50-like one (``PAPER_LIKE_JOB``, assumed);
-    α fitted here and NCCL-class; 25, 100 and 450 GB/s; K = 1 and 8. Returns ``rows`` (every
-    point), ``key`` (efficiency at 256 and 1024 workers), ``jobs``, ``alphas``, ``assumptions``.
-    """
+    """The scaling projection of this kit's model (measured) and ``PAPER_LIKE_JOB``, with α fitted
+    and NCCL-class, K = 1 and 8; ``key``: the efficiencies at 256 and 1024 workers."""
     kit = {"label": "this kit's model (measured)", "model_bytes": lab["model_bytes"],
            "compute_s_per_sample": lab["compute"]["s_per_sample"],
            "batch_per_worker": lab["compute"]["batch_size"]}
@@ -108,10 +97,7 @@ def accumulation_ratios(rows: Sequence[Dict]) -> List[Dict]:
 
 
 def gpu_part(quick: bool) -> Dict:
-    """The sweep (also timed with CUDA events) and the DDP lab again with nccl, on 2 GPUs or more.
-
-    Skipped, with the reason, where there are fewer: nccl needs one GPU per rank.
-    """
+    """The sweep and the DDP lab again with nccl on 2 GPUs or more; else skipped, with why."""
     gpus = gpu_count()
     if gpus < 2:
         return {"skipped": f"{gpus} GPU(s) visible: the nccl sweep needs one GPU per "
@@ -121,9 +107,7 @@ def gpu_part(quick: bool) -> Dict:
     return {"sweep": sweep, "ddp": lab, "auto_picked": sweep["backend"]}
 
 
-# -- What each measurement says, in sentences built from its numbers ----------------------------
-# The notebook prints these instead of stating numbers or trends in its text: every comparison's
-# direction is decided here, by the run being described.
+# -- What each measurement says: every comparison's direction decided by the run described ------
 def size(nbytes: float) -> str:
     """``nbytes`` in the largest binary unit it reaches (``16 MiB``)."""
     unit, scale = next(((u, s) for u, s in (("MiB", MB), ("KiB", KB)) if nbytes >= s), ("B", 1))
@@ -168,8 +152,8 @@ def describe_sweep(sweep: Dict, world_size: int = 2) -> str:
 
 
 def describe_buckets(rows: Sequence[Dict], fit: Dict) -> str:
-    """All-reduces, CPU time and backward's wall time from the smallest cap to the largest, and
-    what the α-β ``fit`` (``allreduce_sweep(...)["fit"]``) predicts for the extra all-reduces."""
+    """All-reduces, CPU and backward's time from the smallest cap to the largest; ``fit``'s
+    price of the extra all-reduces."""
     rows = sorted(rows, key=lambda r: r["bucket_cap_mb"])
     small, big = rows[0], rows[-1]
     lines = [f"From {small['allreduce_calls_per_step']:.0f} all-reduces per step at bucket_cap_mb "
@@ -202,8 +186,7 @@ OVERLAP_WAYS = {"ddp": "DDP (buckets, overlapped)", "flat": "one flat all-reduce
 
 
 def describe_overlap(r: Dict) -> str:
-    """What DDP overlapped, which way was fastest, and what each way cost in CPU time, from
-    ``ddp_lab(...)["overlap"]``."""
+    """What DDP overlapped, which way was fastest, what each cost in CPU time."""
     syncs = ("ddp", "flat", "per_gradient")
     wall = {w: r[f"{w}_step_s"] for w in OVERLAP_WAYS}
     cpu = {w: r[f"{w}_cpu_s"] for w in OVERLAP_WAYS}
@@ -269,7 +252,7 @@ def describe_accumulation(rows: Sequence[Dict]) -> str:
 
 
 def describe_projection(proj: Dict) -> str:
-    """The projection's efficiencies behind notebook 07's three statements, with the α they used."""
+    """The projection's efficiencies behind notebook 07's statements, with the α they used."""
     key = {(p["job"], p["alpha"], p["accum_steps"]): p for p in proj["key"]}
     kit, paper, alphas = proj["jobs"][0]["label"], PAPER_LIKE_JOB["label"], proj["alphas"]
     at256 = [key[(kit, "fitted", 1)][f"{g}GBps@256"] for g in (25, 100, 450)]
@@ -289,15 +272,15 @@ def describe_projection(proj: Dict) -> str:
 
 
 def describe_overhead(over: Dict, target: float = 0.05) -> str:
-    """The instrumented/plain step ratio against the bench's ``target``, and what it can say."""
+    """The instrumented/plain step ratio against the bench's ``target``."""
     ratio, steps = 1 + over["overhead"], over["steps"]
     text = (f"instrumented / plain DDP, median single step over {steps} steps each, taking turns: "
             f"{ratio:.3f}. ")
+    noise = (f"{steps} steps per variant on a shared machine cannot resolve a few percent (the "
+             "bench's full run can).")
     if ratio < 1:
         return text + (f"The instrumented steps were {1 - ratio:.0%} faster; instrumentation "
-                       f"only adds work, so this is noise: {steps} steps per variant on a shared "
-                       "machine cannot resolve a few percent (the bench's full run can).")
+                       f"only adds work, so this is noise: {noise}")
     if ratio - 1 <= target:
         return text + f"Within the bench's {target:.0%} target."
-    return text + (f"Above the bench's {target:.0%} target; {steps} steps per variant on a shared "
-                   "machine cannot judge a few percent: the bench's full run can.")
+    return text + f"Above the bench's {target:.0%} target; {noise}"

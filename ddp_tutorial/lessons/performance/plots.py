@@ -15,8 +15,7 @@ from ddp_tutorial.lessons.figure import finish_axes, new_axes
 
 
 def plot_allreduce_sweep(sweep: Dict, ax: Optional[plt.Axes] = None) -> plt.Axes:
-    """Bus bandwidth against all-reduce size (log-log), of ``allreduce_sweep``: measured points,
-    the fitted ring model, a plain copy."""
+    """Bus bandwidth against size (log-log): measured, the fitted ring model, a plain copy."""
     ax, fit = new_axes(ax, figsize=(7, 4)), sweep["fit"]
     for world_size in sweep["world_sizes"]:
         rows = [r for r in sweep["table"] if r["world_size"] == world_size]
@@ -37,8 +36,8 @@ def plot_allreduce_sweep(sweep: Dict, ax: Optional[plt.Axes] = None) -> plt.Axes
 
 
 def plot_bucket_sweep(rows: Sequence[Dict], ax: Optional[plt.Axes] = None) -> plt.Axes:
-    """Backward's wall time, CPU time and all-reduce calls per step against ``bucket_cap_mb``
-    (``ddp_lab(...)["buckets"]``). Both axes start at 0, so the heights compare as magnitudes."""
+    """Backward's wall time, CPU time and all-reduce calls per step against ``bucket_cap_mb``;
+    both axes start at 0, so the heights compare as magnitudes."""
     ax = new_axes(ax, figsize=(7, 3.5))
     rows = sorted(rows, key=lambda r: r["bucket_cap_mb"])
     caps = [r["bucket_cap_mb"] for r in rows]
@@ -60,8 +59,7 @@ def plot_bucket_sweep(rows: Sequence[Dict], ax: Optional[plt.Axes] = None) -> pl
 
 
 def plot_overlap(result: Dict, ax: Optional[Sequence[plt.Axes]] = None) -> plt.Axes:
-    """Wall and CPU time per step (``ddp_lab(...)["overlap"]``) for DDP, two ways to sync after
-    backward, and no sync at all. ``ax``: two axes, wall then CPU; returns the wall-time axes."""
+    """Wall and CPU time per step of each way to sync. ``ax``: two axes, wall then CPU."""
     wall_ax, cpu_ax = ax if ax is not None else plt.subplots(1, 2, figsize=(11, 3.2),
                                                              sharey=True)[1]
     names = [name.replace(" after", "\nafter") for name in OVERLAP_WAYS.values()]
@@ -101,8 +99,7 @@ def plot_accumulation(rows: Sequence[Dict], ax: Optional[plt.Axes] = None) -> pl
 
 
 def plot_scaling_grid(projection: Dict) -> plt.Figure:
-    """Projected scaling efficiency against workers (``projection``), per job and link bandwidth:
-    both α (rows) and K = 1 and 8 (columns), every curve the printed table lists."""
+    """Projected efficiency against workers, per job and bandwidth: α by row, K by column."""
     fig, axes = plt.subplots(2, 2, figsize=(14, 8), sharex=True, sharey=True)
     rows = projection["rows"]
     for panels, alpha in zip(axes, ("fitted", "NCCL-class")):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from ddp_tutorial.lessons.pitfalls.common import max_abs_diff, part, per_rank, ranks_agree
 from ddp_tutorial.lessons.table import text_table
 from ddp_tutorial.runfolder import Run
@@ -17,15 +16,8 @@ BATCHNORM_VARIANTS = {
 
 
 def batchnorm_summary(run: Run) -> dict:
-    """What each BatchNorm variant left on each rank, against one process on the global batch.
-
-    Per trained variant: ``running_mean`` per rank; the largest difference of the
-    running statistics (means and variances) ``across_ranks`` and ``vs_reference``;
-    ``params_vs_reference``; ``eval_across_ranks`` (eval-mode outputs on one
-    validation batch); ``starts_equal`` (every forward began from the same
-    buffers on every rank); ``rank0_vs_own_ema`` (rank 0's running mean against
-    the running mean of its own batches alone). A refused variant has ``errors``.
-    """
+    """Per BatchNorm variant, the largest differences across ranks and from one process on the
+    global batch (statistics, parameters, eval outputs); a refused variant has ``errors``."""
     env, ref = part(run, "batchnorm", "env"), part(run, "batchnorm", "reference")
     out = {"world_size": run.world_size, "torch": env["torch"], "cuda_devices": env["cuda_devices"],
            "device": env["device"], "keyword": env["buffer_sync_keyword"],

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from ddp_tutorial.lessons.pitfalls.common import part, per_rank
 from ddp_tutorial.runfolder import Run
 
@@ -14,9 +13,9 @@ def checkpoint_summary(run: Run) -> dict:
     return {"saved_keys": wrong["keys"], "error": wrong["error"], "message": wrong.get("message", ""),
             "missing": wrong.get("missing"), "unexpected": wrong.get("unexpected"),
             "rescued_keys": rescue["keys"], "rescue_identical": rescue["identical"],
-            "writers": [r for r, rec in right.items() if rec["wrote"]],
-            "loaded_keys": right[0]["keys"], "identical": {r: rec["identical"] for r, rec in right.items()},
-            "saved_from": right[0]["saved_from"], "loaded_on": {r: rec["loaded_on"] for r, rec in right.items()}}
+            "writers": [r for r, rec in right.items() if rec["wrote"]], "loaded_keys": right[0]["keys"],
+            "saved_from": right[0]["saved_from"],
+            **{key: {r: rec[key] for r, rec in right.items()} for key in ("identical", "loaded_on")}}
 
 
 def format_checkpoint(summary: dict) -> str:
@@ -29,6 +28,8 @@ def format_checkpoint(summary: dict) -> str:
         f"after consume_prefix_in_state_dict_if_present: keys {s['rescued_keys']}, "
         f"bit-identical to the trained model: {s['rescue_identical']}",
         f"the right way: written by rank(s) {s['writers']}; keys {s['loaded_keys']}",
-        "  loaded bit-identical on every rank: " + ", ".join(f"rank {r}: {v}" for r, v in s["identical"].items()),
-        f"  saved from {s['saved_from']}; loaded onto " + ", ".join(f"rank {r}: {v}" for r, v in s["loaded_on"].items()),
+        "  loaded bit-identical on every rank: "
+        + ", ".join(f"rank {r}: {v}" for r, v in s["identical"].items()),
+        f"  saved from {s['saved_from']}; loaded onto "
+        + ", ".join(f"rank {r}: {v}" for r, v in s["loaded_on"].items()),
     ])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from ddp_tutorial.lessons.pitfalls.common import part, per_rank, ranks_agree
 from ddp_tutorial.runfolder import Run
 
@@ -20,13 +19,13 @@ def clipping_summary(run: Run) -> dict:
 
 
 def format_clipping(summary: dict) -> str:
-    s = summary
-    lines = [f"clip_grad_norm_(max_norm={s['max_norm']}); global-batch gradient norm of one process per step: "
-             + ", ".join(f"{n:.3f}" for n in s["reference_norms"])]
+    s, join = summary, ", ".join
+    lines = [f"clip_grad_norm_(max_norm={s['max_norm']}); global-batch gradient norm of one process "
+             f"per step: {join(f'{n:.3f}' for n in s['reference_norms'])}"]
     for name, what in (("right", "clip once, after the all-reduce"), ("wrong", "clip every micro-step")):
-        v = s[name]
         lines.append(f"{what:<32} params vs one process per step: "
-                     + ", ".join(f"{d:.1e}" for d in v["max_diff"]) + f"; ranks identical: {v['ranks_agree']}")
-    first = {r: ", ".join(f"{n:.3f}" for n in norms[0]) for r, norms in s["wrong"]["norms"].items()}
-    lines.append("norms the wrong clips saw in step 0: " + "; ".join(f"rank {r}: {v}" for r, v in first.items()))
-    return "\n".join(lines)
+                     f"{join(f'{d:.1e}' for d in s[name]['max_diff'])}; "
+                     f"ranks identical: {s[name]['ranks_agree']}")
+    first = "; ".join(f"rank {r}: {join(f'{n:.3f}' for n in norms[0])}"
+                      for r, norms in s["wrong"]["norms"].items())
+    return "\n".join(lines + [f"norms the wrong clips saw in step 0: {first}"])

@@ -28,7 +28,7 @@ def show(name: str, function: str) -> None:
 # -- Launching ---------------------------------------------------------------------
 def run_pitfall(name: str, world_size: int = 2, args: Sequence = (), timeout: float = 120.0,
                 echo: str = "none", **launch_kwargs) -> Run:
-    """Launch pitfall ``name``'s script with ``args`` (its docstring's) on ``world_size`` ranks."""
+    """Launch pitfall ``name``'s script with ``args`` on ``world_size`` ranks."""
     return launch(script(name), world_size, [str(a) for a in args], timeout=timeout, echo=echo,
                   **launch_kwargs)
 
@@ -37,26 +37,20 @@ def run_pitfall(name: str, world_size: int = 2, args: Sequence = (), timeout: fl
 LAB = ("batchnorm", "unused", "checkpoint", "seeding", "lr", "clipping")
 
 
-def run_lab(pitfalls: Sequence[str] = LAB, world_size: int = 2, timeout: float = 180.0, **launch_kwargs) -> Run:
-    """Launch ``pitfall_lab.py``: the scripts of ``pitfalls`` one after another on the same ranks.
-
-    Every script reports as it does alone, so each summary below reads this
-    run as it would read the script's own. One start of the ranks instead of one per pitfall.
-    """
-    unknown = [p for p in pitfalls if p not in PITFALLS]
-    if unknown:
-        raise ValueError(f"no pitfall(s) {unknown}; one of {', '.join(PITFALLS)}")
-    return launch(worker_script(__file__, "pitfall_lab.py"), world_size, list(pitfalls), timeout=timeout, echo="none",
-                  **launch_kwargs)
+def run_lab(pitfalls: Sequence[str] = LAB, world_size: int = 2, timeout: float = 180.0,
+            **launch_kwargs) -> Run:
+    """Launch ``pitfall_lab.py``: the ``pitfalls``' scripts in turn on one set of ranks, each
+    reporting as it does alone (one start of the ranks instead of one per pitfall)."""
+    for name in pitfalls:
+        script(name)  # refuses an unknown name before anything starts
+    return launch(worker_script(__file__, "pitfall_lab.py"), world_size, list(pitfalls),
+                  timeout=timeout, echo="none", **launch_kwargs)
 
 
 def expect_failure(name: str, world_size: int = 2, args: Sequence = (), timeout: float = 120.0,
                    env: Optional[Dict[str, str]] = None) -> LaunchError:
-    """Launch a run that must fail; return the ``LaunchError`` (with ``seconds``: how long it took).
-
-    Raises:
-        RuntimeError: the launch finished cleanly, so the pitfall did not happen.
-    """
+    """Launch a run that must fail; return its ``LaunchError``, with ``seconds`` it took
+    (RuntimeError if the launch finished cleanly: the pitfall did not happen)."""
     t0 = time.monotonic()
     try:
         run_pitfall(name, world_size, args, timeout=timeout, env=env)
@@ -68,7 +62,8 @@ def expect_failure(name: str, world_size: int = 2, args: Sequence = (), timeout:
 
 def records(run: Run, pitfall: str, name: str, rank: int) -> List[dict]:
     """What ``rank`` reported for part ``name`` of ``pitfall``, in order."""
-    return [rec for rec in run.results(rank) if rec.get("pitfall") == pitfall and rec.get("part") == name]
+    return [rec for rec in run.results(rank)
+            if rec.get("pitfall") == pitfall and rec.get("part") == name]
 
 
 def part(run: Run, pitfall: str, name: str, rank: int = 0) -> dict:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from ddp_tutorial.lessons.pitfalls.common import ranks_agree, records
 from ddp_tutorial.lessons.table import text_table
@@ -10,10 +10,8 @@ from ddp_tutorial.runfolder import Run
 
 
 def evaluation_rows(run: Run) -> List[dict]:
-    """Per validation-set size: the true accuracy and the three ways of combining the ranks'.
-
-    Accuracies are fractions; ``*_counts`` are [correct, samples counted].
-    """
+    """Per set size: the true accuracy and three ways of combining the ranks' (``*_counts``:
+    [correct, samples counted])."""
     per_size: Dict[int, Dict[int, dict]] = {}
     for rank in range(run.world_size):
         for rec in records(run, "evaluation", "eval", rank):
@@ -36,21 +34,18 @@ def evaluation_rows(run: Run) -> List[dict]:
     return rows
 
 
-def format_evaluation(rows: List[dict], size: Optional[int] = None) -> str:
-    """The one size in detail (default: the first with padding), then a line per size."""
-    padded = [r for r in rows if r["padding"]]
-    pick = next((r for r in rows if r["size"] == size), None) if size else (padded or rows)[0]
-    lines = []
-    if pick:
-        p = pick
-        lines += [f"{p['size']} samples on {p['world_size']} ranks: {p['padding']} padding slot(s), "
-                  f"repeating sample(s) {p['repeated']}",
-                  "  each rank's own accuracy: " + ", ".join(f"{a:.3f}" for a in p["per_rank"]),
-                  f"  mean of the ranks' accuracies    {p['mean_of_means']:.4f}",
-                  f"  all-reduce over every slot        {p['padded']:.4f}  ({p['padded_counts'][0]}/{p['padded_counts'][1]})",
-                  f"  all-reduce over real samples      {p['fixed']:.4f}  ({p['fixed_counts'][0]}/{p['fixed_counts'][1]})",
-                  f"  one process on the whole set      {p['true']:.4f}  ({p['true_counts'][0]}/{p['true_counts'][1]})",
-                  "", ""]
+def format_evaluation(rows: List[dict], size: int) -> str:
+    """Set size ``size`` in detail, then a line per size."""
+    p = next(r for r in rows if r["size"] == size)
+    lines = [f"{p['size']} samples on {p['world_size']} ranks: {p['padding']} padding slot(s), "
+             f"repeating sample(s) {p['repeated']}",
+             "  each rank's own accuracy: " + ", ".join(f"{a:.3f}" for a in p["per_rank"]),
+             f"  mean of the ranks' accuracies     {p['mean_of_means']:.4f}"]
+    for key, label in (("padded", "all-reduce over every slot"), ("fixed", "all-reduce over real samples"),
+                       ("true", "one process on the whole set")):
+        correct, count = p[key + "_counts"]
+        lines.append(f"  {label:<34}{p[key]:.4f}  ({correct}/{count})")
+    lines += ["", ""]
     keys = ("mean_of_means", "padded", "fixed", "true")
     header = ["size", "padding", "mean of means", "every slot", "real only", "true"]
     rows = [(r["size"], r["padding"], *(f"{r[k]:.4f}" for k in keys)) for r in rows]

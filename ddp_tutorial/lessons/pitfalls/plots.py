@@ -1,9 +1,5 @@
-"""Figures of lesson 09, the pitfalls lab: one helper per figure, each returns its ``Axes``.
-
-Each takes the summary that ``ddp_tutorial.lessons.pitfalls`` computes for its
-pitfall (named in the helper's docstring), an optional ``ax`` to draw on (a new
-figure if None) and an optional ``title``.
-"""
+"""Figures of notebook 09: each takes its pitfall's summary (named in its docstring), an
+optional ``ax`` (None: a new figure) and ``title``, and returns the ``Axes``."""
 
 from __future__ import annotations
 
@@ -14,12 +10,8 @@ import matplotlib.pyplot as plt
 from ddp_tutorial.lessons.figure import finish_axes, new_axes
 
 
-def plot_batchnorm_stats(summary: dict, ax: Optional[plt.Axes] = None,
-                         title: Optional[str] = None) -> plt.Axes:
-    """Running mean per channel: one process on the global batch, each rank alone, the fix.
-
-    ``summary``: from ``batchnorm_summary``.
-    """
+def plot_batchnorm_stats(summary: dict, ax: Optional[plt.Axes] = None, title: str = "") -> plt.Axes:
+    """Running mean per channel: one process, each rank alone, the fix (``batchnorm_summary``)."""
     ax = new_axes(ax, figsize=(7, 3.2))
     fix = "syncbn" if "errors" not in summary["syncbn"] else "allreduce"
     series = [("one process, global batch", summary["reference"]["running_mean"], "black")]
@@ -37,11 +29,8 @@ def plot_batchnorm_stats(summary: dict, ax: Optional[plt.Axes] = None,
                        title or "BatchNorm running statistics: each rank alone vs the global batch")
 
 
-def plot_unused_cost(summary: dict, ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
-    """Median time per step of each DDP wrapping, CPU and wall clock, with quartiles.
-
-    ``summary``: from ``unused_summary``.
-    """
+def plot_unused_cost(summary: dict, ax: Optional[plt.Axes] = None, title: str = "") -> plt.Axes:
+    """Median and quartiles of each DDP wrapping's step time, CPU and wall (``unused_summary``)."""
     ax = new_axes(ax, figsize=(7, 3.2))
     cost = summary["cost"]
     names = list(cost["cpu"])
@@ -54,14 +43,12 @@ def plot_unused_cost(summary: dict, ax: Optional[plt.Axes] = None, title: Option
                label=label)
     ax.set_xticks(range(len(names)), names)
     return finish_axes(ax, "DDP wrapping (same model, all parameters used)",
-                       "time per step (ms), median and quartiles", title or "What each DDP flag costs per step")
+                       "time per step (ms), median and quartiles",
+                       title or "What each DDP flag costs per step")
 
 
-def plot_eval_error(rows: List[dict], ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
-    """How far each way of combining the ranks' accuracies lands from the true accuracy, per set size.
-
-    ``rows``: from ``evaluation_rows``.
-    """
+def plot_eval_error(rows: List[dict], ax: Optional[plt.Axes] = None, title: str = "") -> plt.Axes:
+    """Each way of combining the ranks' accuracies against the true one (``evaluation_rows``)."""
     ax = new_axes(ax, figsize=(7, 3.2))
     sizes = [r["size"] for r in rows]
     # With equal shards, the mean of the ranks' accuracies is the all-slot ratio: one line for both.
@@ -77,11 +64,8 @@ def plot_eval_error(rows: List[dict], ax: Optional[plt.Axes] = None, title: Opti
                        title or "Validation accuracy skewed by the sampler's padding")
 
 
-def plot_lr_curves(summary: dict, ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
-    """Loss on the whole set against samples seen: one process, W ranks with the lr kept, and scaled.
-
-    ``summary``: from ``lr_summary``.
-    """
+def plot_lr_curves(summary: dict, ax: Optional[plt.Axes] = None, title: str = "") -> plt.Axes:
+    """Loss against samples seen: one process, W ranks with lr kept or scaled (``lr_summary``)."""
     ax = new_axes(ax, figsize=(7, 3.2))
     s, w = summary, summary["world_size"]
     for key, label, style in (("single", f"1 process, batch {s['batch_size']}, lr {s['lr']:g}", "k-"),
@@ -94,11 +78,8 @@ def plot_lr_curves(summary: dict, ax: Optional[plt.Axes] = None, title: Optional
                        title or "Same data, larger global batch: the learning rate must follow")
 
 
-def plot_clipping_drift(summary: dict, ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
-    """Largest parameter difference from one process on the global batch, per optimizer step.
-
-    ``summary``: from ``clipping_summary``.
-    """
+def plot_clipping_drift(summary: dict, ax: Optional[plt.Axes] = None, title: str = "") -> plt.Axes:
+    """Largest parameter difference from one process, per optimizer step (``clipping_summary``)."""
     ax = new_axes(ax, figsize=(7, 3.2))
     for key, label, style in (("right", "clip once, after the all-reduce", "o-"),
                               ("wrong", "clip every micro-step (inside no_sync)", "s--")):

@@ -20,15 +20,11 @@ def _masks(dropout: Dict[int, dict], key: str) -> dict:
     steps = len(dropout[0][key])
     distinct = [len({row for rec in dropout.values() for row in rec[key][s]}) for s in range(steps)]
     rows = sum(len(rec[key][0]) for rec in dropout.values())
-    bits = agree = 0
-    for rank, rec in dropout.items():
-        if rank == 0:
-            continue
-        for s in range(steps):
-            for mine, theirs in zip(rec[key][s], dropout[0][key][s]):
-                bits += len(mine)
-                agree += sum(a == b for a, b in zip(mine, theirs))
-    return {"distinct_per_step": distinct, "rows_per_step": rows, "agreement_with_rank0": agree / bits}
+    # every mask bit of ranks 1.. against the same bit of rank 0
+    bits = [a == b for rank, rec in dropout.items() if rank for s in range(steps)
+            for mine, theirs in zip(rec[key][s], dropout[0][key][s]) for a, b in zip(mine, theirs)]
+    return {"distinct_per_step": distinct, "rows_per_step": rows,
+            "agreement_with_rank0": sum(bits) / len(bits)}
 
 
 def seeding_summary(run: Run) -> dict:

@@ -1,4 +1,4 @@
-"""Pitfall 2: parameters without a gradient; find_unused_parameters and static_graph, and what they cost."""
+"""Pitfall 2: parameters without a gradient; find_unused_parameters, static_graph and their cost."""
 
 from __future__ import annotations
 
@@ -25,12 +25,8 @@ def timing_stats(values: Sequence[float]) -> dict:
 
 
 def paired_cost(run: Run, variant: str, clock: str = "cpu_s", baseline: str = "no flag") -> dict:
-    """Per step, ``variant``'s time minus the baseline's, both taken in turn, pooled over ranks.
-
-    Returns:
-        ``median_ms`` of the differences, ``relative`` (that over the baseline's
-        median), ``slower_fraction`` (share of steps where the variant took longer), ``steps``.
-    """
+    """Per step, ``variant``'s time minus the baseline's (taken in turn), pooled over ranks: the
+    median, ``relative`` to the baseline's, and the share of ``steps`` where it was slower."""
     diffs, base = [], []
     for rec in per_rank(run, "unused", "cost").values():
         diffs += [v - b for v, b in zip(rec[clock][variant], rec[clock][baseline])]
@@ -96,27 +92,22 @@ def format_unused_fixes(summary: dict) -> str:
 
 
 def format_unused_verdict(summary: dict) -> str:
-    """What this run measured of each flag's extra cost: the numbers the text around it must not invent."""
+    """Each flag's extra cost per step in this run, paired step by step, by CPU and wall clock."""
     lines = []
     for flag, p in summary["cost"]["paired_cpu"].items():
         w = summary["cost"]["paired_wall"][flag]
-        lines.append(f"{flag} in this run: {100 * p['relative']:+.1f} % CPU per step (median of the paired "
-                     f"differences), slower in {100 * p['slower_fraction']:.0f} % of {p['steps']} paired steps "
-                     f"by CPU time, in {100 * w['slower_fraction']:.0f} % by the wall clock")
+        lines.append(f"{flag}: {p['median_ms']:+.3f} ms CPU per step ({100 * p['relative']:+.1f} %, "
+                     f"median of {p['steps']} paired differences), slower in "
+                     f"{100 * p['slower_fraction']:.0f} % of them; by the wall clock "
+                     f"{w['median_ms']:+.3f} ms, slower in {100 * w['slower_fraction']:.0f} %")
     return "\n".join(lines)
 
 
 def format_unused_cost(summary: dict) -> str:
-    """Medians per wrapping, then each flag's paired extra cost per step."""
+    """Per wrapping, the median and quartiles of a step's time (the paired costs: the verdict)."""
     c = summary["cost"]
     spread = lambda t: f"{t['median_ms']:.2f} [{t['q1_ms']:.2f}, {t['q3_ms']:.2f}]"
-    lines = [text_table(["wrapping", "CPU of this thread", "wall clock"],
-                        [(v, spread(c["cpu"][v]), spread(c["wall"][v])) for v in c["cpu"]],
-                        f"{c['layers']} layers, one backward of each wrapping in turn; "
-                        "per step, ms (median [quartiles]):")]
-    for v, p in c["paired_cpu"].items():
-        w = c["paired_wall"][v]
-        lines.append(f"{v}: {p['median_ms']:+.3f} ms CPU per step ({100 * p['relative']:+.1f} %), slower in "
-                     f"{100 * p['slower_fraction']:.0f} % of {p['steps']} paired steps; wall {w['median_ms']:+.3f} ms "
-                     f"({100 * w['relative']:+.1f} %)")
-    return "\n".join(lines)
+    return text_table(["wrapping", "CPU of this thread", "wall clock"],
+                      [(v, spread(c["cpu"][v]), spread(c["wall"][v])) for v in c["cpu"]],
+                      f"{c['layers']} layers, one backward of each wrapping in turn; "
+                      "per step, ms (median [quartiles]):")

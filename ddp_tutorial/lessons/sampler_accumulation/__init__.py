@@ -1,10 +1,5 @@
-"""Notebook helpers of lessons 03 and 04: the DistributedSampler, no_sync accumulation.
-
-Each notebook cell calls one of these; they launch the lesson scripts, and turn
-a ``Run`` into the numbers the notebooks print and assert. Importing this
-module imports no torch (``params_match`` imports it when called), nor any rank code: the
-sync schedules are compiled from the scripts' own source (``lessons.script_function``).
-"""
+"""Notebooks 03 and 04 (DistributedSampler, no_sync accumulation): launch the lesson scripts and
+turn each ``Run`` into the numbers a notebook prints and asserts. No torch is imported here."""
 
 from __future__ import annotations
 
@@ -15,8 +10,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ddp_tutorial import TRAIN_SCRIPT, config
 from ddp_tutorial.launcher import launch, worker_script
-from ddp_tutorial.lessons import ORIGINAL_SCRIPT, script_function
-from ddp_tutorial.lessons import mistake_diff  # noqa: F401  (notebooks 03-04 show the original's diffs)
+from ddp_tutorial.lessons import ORIGINAL_SCRIPT, mistake_diff, script_function  # noqa: F401
 from ddp_tutorial.lessons.table import text_table
 from ddp_tutorial.runfolder import Run
 
@@ -26,11 +20,9 @@ SAMPLER_SCRIPT = worker_script(__file__, "sampler_demo.py")
 # -- Lesson 03: DistributedSampler ----------------------------------------------
 def run_sampler_demo(world_size: int = 4, dataset_size: int = 24, epochs: int = 3,
                      padding_size: int = 10, echo: str = "rank0", timeout: float = 60.0) -> Run:
-    """Launch ``sampler_demo.py``: each rank reports its orders over ``epochs`` of a
-    ``dataset_size`` dataset, the padding of a ``padding_size`` one, and its data fingerprints."""
-    return launch(SAMPLER_SCRIPT, world_size, ["--dataset-size", dataset_size, "--epochs", epochs,
-                                               "--padding-size", padding_size],
-                  echo=echo, timeout=timeout)
+    """Launch ``sampler_demo.py``: each rank's orders, padding and data fingerprints."""
+    args = ["--dataset-size", dataset_size, "--epochs", epochs, "--padding-size", padding_size]
+    return launch(SAMPLER_SCRIPT, world_size, args, echo=echo, timeout=timeout)
 
 
 def sampler_orders(run: Run, set_epoch: bool = True) -> List[Dict[int, List[int]]]:
@@ -48,11 +40,8 @@ def orders_repeat(orders: Sequence[Dict[int, List[int]]]) -> bool:
 
 def shards_partition(orders: Sequence[Dict[int, List[int]]], dataset_size: int) -> List[bool]:
     """Per epoch: are the ranks' index sets disjoint, and together the whole dataset?"""
-    result = []
-    for epoch in orders:
-        everything = [i for indices in epoch.values() for i in indices]
-        result.append(len(everything) == len(set(everything)) and set(everything) == set(range(dataset_size)))
-    return result
+    every = [[i for indices in epoch.values() for i in indices] for epoch in orders]
+    return [sorted(indices) == list(range(dataset_size)) for indices in every]
 
 
 def print_orders(orders: Sequence[Dict[int, List[int]]], title: str) -> None:
@@ -64,14 +53,8 @@ def print_orders(orders: Sequence[Dict[int, List[int]]], title: str) -> None:
 
 
 def padding_report(run: Run) -> Dict[str, object]:
-    """What the sampler does with a dataset the world size does not divide.
-
-    Returns:
-        ``dataset_size``, ``world_size``, per-rank indices with ``drop_last=False``
-        (``kept``) and ``drop_last=True`` (``dropped_run``), the number of
-        ``duplicated`` samples (seen twice in one epoch) and of ``dropped`` samples
-        (never seen), and what the sampler's arithmetic predicts for both.
-    """
+    """A dataset the world size does not divide: per rank, its indices with ``drop_last`` False
+    (``kept``) and True; samples ``duplicated`` and ``dropped``, measured and predicted."""
     pads = {rank: run.result(rank, "padding") for rank in run.ranks}
     size, world_size = pads[run.ranks[0]]["dataset_size"], len(run.ranks)
     kept = {rank: p["drop_last_false"] for rank, p in pads.items()}
@@ -85,7 +68,7 @@ def padding_report(run: Run) -> Dict[str, object]:
         "missing_with_padding": size - len(set(kept_all)),
         "dropped": size - len(set(trimmed_all)),
         "duplicated_in_drop_last": len(trimmed_all) - len(set(trimmed_all)),
-        # DistributedSampler: ceil(N / W) per rank, padded with repeats; or floor(N / W) with drop_last
+        # DistributedSampler: ceil(N / W) per rank, padded with repeats; floor(N / W) with drop_last
         "expected_duplicated": math.ceil(size / world_size) * world_size - size,
         "expected_dropped": size - (size // world_size) * world_size,
     }
@@ -98,8 +81,9 @@ def print_padding(report: Dict[str, object]) -> None:
                      [(rank, kept, report["drop_last"][rank])
                       for rank, kept in report["kept"].items()],
                      f"{size} samples over {world_size} ranks"))
-    print(f"drop_last=False: every rank gets ceil({size}/{world_size}) = {math.ceil(size / world_size)}; "
-          f"{report['duplicated']} sample(s) appear twice this epoch")
+    print(f"drop_last=False: every rank gets ceil({size}/{world_size}) = "
+          f"{math.ceil(size / world_size)}; {report['duplicated']} sample(s) appear twice "
+          "this epoch")
     print(f"drop_last=True:  every rank gets floor({size}/{world_size}) = {size // world_size}; "
           f"{report['dropped']} sample(s) are never seen this epoch")
 
@@ -142,43 +126,34 @@ TRAIN_RUNS_SCRIPT = worker_script(__file__, "train_runs.py")
 
 
 def train_runs(world_size: int, runs: Dict[str, Sequence[str]], one_process: Sequence[str] = (),
-               echo: str = "rank0", timeout: float = 300.0) -> Dict[str, Run]:
-    """Several runs of ``train.py`` in one launch (``train_runs.py``): name -> its ``Run``.
-
-    Each run is ``train.main`` with its flags and a run folder of its own; the ranks start and
-    join the group once for all. Starting ranks costs more than these tiny runs.
-
-    Args:
-        world_size: ranks of every run, except those in ``one_process``: one plain process.
-        runs: run name -> train.py's flags (``train_args``).
-    """
+               schedule_demo: bool = False, echo: str = "rank0",
+               timeout: float = 300.0) -> Dict[str, Run]:
+    """Several runs of ``train.py`` (name -> flags) in one launch of ``train_runs.py``, each on
+    ``world_size`` ranks or, in ``one_process``, one: name -> its ``Run``. Starting ranks costs
+    more than these tiny runs. ``schedule_demo``: run it too, for ``schedules``."""
     spec = {name: [1 if name in one_process else world_size, [str(a) for a in flags]]
             for name, flags in runs.items()}
-    launched = launch(TRAIN_RUNS_SCRIPT, world_size, [json.dumps(spec)], echo=echo, timeout=timeout)
-    return {rec["run"]: Run(launched.run_dir / rec["folder"]) for rec in launched.results(0)}
+    args = [json.dumps(spec), *["--schedule-demo"] * schedule_demo]
+    launched = launch(TRAIN_RUNS_SCRIPT, world_size, args, echo=echo, timeout=timeout)
+    return {rec["run"]: Run(launched.run_dir / rec["folder"])
+            for rec in launched.results(0) if "run" in rec}
 
 
 def num_buckets(run: Run, rank: int = 0) -> int:
-    """Gradient buckets DDP all-reduces per sync (after its first-iteration rebuild).
-
-    In its first backward DDP puts every gradient in one bucket (it does not yet
-    know the order in which they become ready); from the second on it uses
-    buckets rebuilt in that order, so with a small ``--bucket-cap-mb`` the
-    first sync has fewer all-reduces than the later ones. The tutorial model
-    (12 KB of gradients) has one bucket with any cap above that.
-    """
+    """Gradient buckets DDP all-reduces per sync, after it rebuilt them in the first backward."""
     logging = run.summaries[rank]["ddp_logging"]
     sizes = logging.get("rebuilt_bucket_sizes") or logging.get("bucket_sizes")
     return len([s for s in str(sizes).split(",") if s.strip()])
 
 
 def allreduce_table(runs: Dict[str, Run], rank: int = 0) -> List[Dict[str, object]]:
-    """Per run: micro-steps, optimizer steps, bucket all-reduces, and all-reduces per optimizer step."""
+    """Per run: micro-steps, optimizer steps, all-reduces, buckets, all-reduces per step."""
     rows = []
     for label, run in runs.items():
         calls, opt_steps = run.allreduce_calls(rank), run.optimizer_steps(rank)
-        rows.append({"run": label, "micro_steps": len(run.steps[rank]), "optimizer_steps": opt_steps,
-                     "allreduces": calls, "buckets": num_buckets(run, rank),
+        rows.append({"run": label, "micro_steps": len(run.steps[rank]),
+                     "optimizer_steps": opt_steps, "allreduces": calls,
+                     "buckets": num_buckets(run, rank),
                      "allreduces_per_optimizer_step": calls / opt_steps})
     return rows
 
@@ -195,23 +170,19 @@ def optimizer_step_micros(run: Run, rank: int = 0) -> List[int]:
 
 
 def planned_step_micros(num_batches: int, accum_steps: int, bug: bool = False) -> List[int]:
-    """Micro-batch indices after which ``train.sync_schedule`` (``original.sync_schedule`` with
-    ``bug``) plans an optimizer step: their own code, read from the scripts, not imported."""
-    return [i for i, sync in enumerate(_sync_schedule(bug)(num_batches, accum_steps)) if sync]
-
-
-def _sync_schedule(bug: bool):
-    """train.py's ``sync_schedule``, or the original's with ``bug``, compiled from its file."""
-    return script_function(ORIGINAL_SCRIPT if bug else TRAIN_SCRIPT, "sync_schedule")
+    """Micro-batches after which ``train.sync_schedule`` (the original's, with ``bug``) plans an
+    optimizer step: the scripts' own code, compiled from their files."""
+    schedule = script_function(ORIGINAL_SCRIPT if bug else TRAIN_SCRIPT, "sync_schedule")
+    return [i for i, sync in enumerate(schedule(num_batches, accum_steps)) if sync]
 
 
 def show_sync_schedule(num_batches: int, accum_steps: int) -> None:
-    """The plan of ``train.sync_schedule`` beside the original's off-by-one (``original.sync_schedule``)."""
+    """The plan of ``train.sync_schedule`` beside the original's off-by-one."""
     for bug in (True, False):
-        plan = _sync_schedule(bug)(num_batches, accum_steps)
-        marks = "".join("S" if sync else "." for sync in plan)
+        steps = planned_step_micros(num_batches, accum_steps, bug)
+        marks = "".join("S" if i in steps else "." for i in range(num_batches))
         print(f"{'original (i % K == 0)' if bug else 'fixed (last of each K)':<24} {marks}   "
-              f"steps after micro-batches {planned_step_micros(num_batches, accum_steps, bug)}")
+              f"steps after micro-batches {steps}")
     print("S = sync and optimizer step, . = accumulate under no_sync")
 
 
@@ -234,30 +205,21 @@ def default_lr() -> float:
 
 
 def window_means(curve: Sequence[float], window: int = 16) -> List[float]:
-    """The loss curve as means over consecutive ``window`` micro-steps (the last window may be shorter)."""
-    return [sum(curve[i:i + window]) / len(curve[i:i + window]) for i in range(0, len(curve), window)]
+    """Means of the curve over consecutive ``window`` micro-steps (the last may be shorter)."""
+    return [statistics.mean(curve[i:i + window]) for i in range(0, len(curve), window)]
 
 
 def loss_scaling_runs(lr: float = 0.4, accum_steps: int = 4,
                       epochs: int = 4) -> Dict[str, List[str]]:
-    """The two runs of ``loss_scaling_stability`` for ``train_runs``: at ``lr``, the loss divided
-    by K and not."""
+    """For ``train_runs``: the runs of ``loss_scaling_stability``, the loss divided by K or not."""
     args = train_args(accum_steps, "--lr", lr, epochs=epochs)
     return {f"lr {lr:g}, divided by K": args,
             f"lr {lr:g}, not divided": args + ["--bug", "loss-not-scaled"]}
 
 
 def loss_scaling_stability(runs: Dict[str, Run], lr: float = 0.4) -> Dict[str, Dict[str, object]]:
-    """The runs of ``loss_scaling_runs(lr)``: does each stay finite and learn?
-
-    Not dividing by K multiplies every update by K: the run is the divided one at K times the
-    learning rate. A rate the divided run trains well at is then K times larger than intended.
-
-    Returns:
-        Per run (``"divided by K"``, ``"not divided"``): ``curve`` (mean loss per micro-step),
-        ``start`` and ``end`` (mean of the first and of the last 8 micro-steps), ``finite``
-        (no inf or nan anywhere), ``peak`` (the largest finite loss).
-    """
+    """Per run of ``loss_scaling_runs(lr)``: mean loss ``curve``, ``start`` and ``end`` (means of
+    the first and last 8 micro-steps), ``finite`` throughout, ``peak`` (largest finite loss)."""
     summary = {}
     for label in ("divided by K", "not divided"):
         curve = runs[f"lr {lr:g}, {label}"].mean_loss_curve()
@@ -267,7 +229,8 @@ def loss_scaling_stability(runs: Dict[str, Run], lr: float = 0.4) -> Dict[str, D
     return summary
 
 
-def print_loss_scaling_stability(summary: Dict[str, Dict[str, object]], lr: float, window: int = 16) -> None:
+def print_loss_scaling_stability(summary: Dict[str, Dict[str, object]], lr: float,
+                                 window: int = 16) -> None:
     """Each run's loss, averaged over ``window`` micro-steps, then whether it stayed finite."""
     for label, s in summary.items():
         means = ", ".join(f"{x:.3g}" for x in window_means(s["curve"], window))
@@ -284,13 +247,8 @@ def sync_seconds_per_micro_step(run: Run, rank: Optional[int] = None) -> float:
 
 
 def straggler_wait_seconds(run: Run) -> float:
-    """The wait the straggler delays alone force, summed over sync steps (no all-reduce cost).
-
-    At each sync the ranks meet; the delay a rank has built up since the last
-    sync is the sum of its sleeps in that window, and every rank waits for the
-    largest. With K micro-steps per window, delays of opposite sign cancel
-    inside the window, so this never exceeds the K=1 figure for the same delays.
-    """
+    """The wait the straggler delays alone force, summed over syncs: at each, every rank waits
+    for the largest delay built up since the last; inside a window of K, delays cancel."""
     total, since_sync = 0.0, {r: 0.0 for r in run.ranks}
     for records in zip(*(run.steps[r] for r in run.ranks)):
         for rec in records:
@@ -303,11 +261,8 @@ def straggler_wait_seconds(run: Run) -> float:
 
 
 def sync_alignment(run: Run) -> Dict[str, float]:
-    """Over the steps that all-reduced: median spread between ranks of sync start and of sync end (ms).
-
-    The ranks reach the all-reduce at different times (arrival) but leave it
-    together (departure): the all-reduce ends when the slowest rank joins.
-    """
+    """Over the steps that all-reduced, the median spread between ranks of the sync's start
+    (arrival) and end (departure), in ms: the all-reduce ends when the slowest rank joins."""
     arrival, departure = [], []
     for records in zip(*(run.steps[r] for r in run.ranks)):
         if any(rec["sync_offset_s"] is None for rec in records):  # no all-reduce in this step
@@ -322,20 +277,11 @@ def sync_alignment(run: Run) -> Dict[str, float]:
 
 
 # -- Lesson 04: which micro-batches a step schedule applies -----------------------
-SCHEDULE_SCRIPT = worker_script(__file__, "schedule_demo.py")
-
-
-def run_schedule_demo(micro_per_epoch: int = 6, accum_steps: int = 4, epochs: int = 2,
-                      world_size: int = 2, timeout: float = 60.0) -> Dict[str, Dict[str, object]]:
-    """Launch ``schedule_demo.py``: per optimizer step, exactly which micro-batches it applied.
-
-    Returns rank 0's report per schedule, ``"original"`` and ``"fixed"``: ``steps`` (``epoch``,
-    ``micro``, ``applied`` as ``[rank, epoch, micro]`` lists) and ``lost`` (per rank,
-    micro-batches never applied).
-    """
-    args = ["--micro", micro_per_epoch, "--accum-steps", accum_steps, "--epochs", epochs]
-    run = launch(SCHEDULE_SCRIPT, world_size, args, echo="none", timeout=timeout)
-    return {report["schedule"]: report for report in run.results(0)}
+def schedules(runs: Dict[str, Run]) -> Dict[str, Dict[str, object]]:
+    """From ``train_runs(..., schedule_demo=True)``, per schedule ("original", "fixed") rank 0's
+    report: ``steps`` (each with the ``[rank, epoch, micro]`` it applied); per rank, ``lost``."""
+    launched = Run(next(iter(runs.values())).run_dir.parent)
+    return {rec["schedule"]: rec for rec in launched.results(0) if "schedule" in rec}
 
 
 def applied_micro_batches(report: Dict[str, object], rank: int = 0) -> List[List[tuple]]:

@@ -13,19 +13,8 @@ from ddp_tutorial.lessons.figure import PHASE_COLORS, finish_axes, new_axes
 
 def plot_sampler_orders(orders: Sequence[Dict[int, List[int]]], dataset_size: int,
                         ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
-    """Heatmap of the samples each rank gets per epoch, coloured by position in its order.
-
-    One row per (epoch, rank), one column per sample index; an empty cell is a
-    sample this rank does not see in that epoch. Identical blocks of rows mean
-    every epoch repeats the same order.
-
-    Args:
-        orders: per epoch, rank -> indices in the order the rank sees them
-            (``lessons_sampler_accumulation.sampler_orders(run)``).
-        dataset_size: number of samples (columns).
-        ax: axes to draw on (new figure if None).
-        title: the title.
-    """
+    """Heatmap of ``sampler_orders``: a row per (epoch, rank), a column per sample, coloured by
+    position in the rank's order; identical blocks of rows mean every epoch repeats the order."""
     rows = [(epoch, rank, indices) for epoch, per_rank in enumerate(orders)
             for rank, indices in per_rank.items()]
     grid = np.full((len(rows), dataset_size), np.nan)
@@ -33,7 +22,8 @@ def plot_sampler_orders(orders: Sequence[Dict[int, List[int]]], dataset_size: in
         for position, index in enumerate(indices):
             grid[row, index] = position
     ax = new_axes(ax, figsize=(8, 0.28 * len(rows) + 1.5))
-    image = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis", interpolation="nearest")
+    image = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis",
+                      interpolation="nearest")
     ranks_per_epoch = len(orders[0])
     for boundary in range(ranks_per_epoch, len(rows), ranks_per_epoch):
         ax.axhline(boundary - 0.5, color="black", lw=1.5)
@@ -50,16 +40,8 @@ def plot_sampler_orders(orders: Sequence[Dict[int, List[int]]], dataset_size: in
 
 def plot_sync_per_micro_step(runs: Dict[str, object], ax: Optional[plt.Axes] = None,
                              title: Optional[str] = None) -> plt.Axes:
-    """Per run and rank, the sync time per micro-step (total sync time / micro-steps).
-
-    A rank that is fast waits in the all-reduce for the slow one, so its bar is
-    the taller; fewer syncs (accumulation) means less waiting per micro-step.
-
-    Args:
-        runs: label -> ``Run``, e.g. ``{"K=1": run_k1, "K=4": run_k4}``.
-        ax: axes to draw on.
-        title: the title.
-    """
+    """Per run (label -> ``Run``) and rank, sync time per micro-step: a fast rank waits in the
+    all-reduce for the slow one, so its bar is the taller."""
     ax = new_axes(ax, figsize=(7, 3.2))
     labels = list(runs)
     ranks = sorted({r for run in runs.values() for r in run.ranks})
@@ -73,5 +55,5 @@ def plot_sync_per_micro_step(runs: Dict[str, object], ax: Optional[plt.Axes] = N
     ax.bar([i + (len(ranks) / 2) * width for i in range(len(labels))], means, width,
            color=PHASE_COLORS["sync (all-reduce)"], label="all ranks")
     ax.set_xticks(range(len(labels)), labels)
-    return finish_axes(ax, None, "sync time per micro-step (ms)", title or "Sync time per micro-step")
-
+    return finish_axes(ax, None, "sync time per micro-step (ms)",
+                       title or "Sync time per micro-step")

@@ -1,14 +1,7 @@
-"""Notebook helpers of lesson 10, beyond DDP: memory, ZeRO-1, FSDP2 and compressed gradients.
+"""Notebook 10, beyond DDP: memory, ZeRO-1, FSDP2 and compressed gradients (no torch here).
 
-One launch of ``workers/sharding_lab.py`` measures everything on real ranks;
-the helpers here turn its records into the tables the notebook prints, plots
-and asserts. No torch is imported here.
-
-    lab = run_lab()                         # 2 ranks, gloo: memory, zero, fsdp, compress
-    mem = memory_table(lab)                 # bytes each rank holds, per model and strategy
-    print(format_memory(mem))
-    comm = comm_per_step(lab)               # bytes per step in each collective, counted from the tensors
-    print(format_calculator(calculator(...)))
+``run_lab()`` measures everything in one launch of ``workers/sharding_lab.py``; the rest turns
+its records into the tables the notebook prints, plots and asserts.
 """
 
 from __future__ import annotations
@@ -16,33 +9,27 @@ from __future__ import annotations
 from typing import Dict, List, Sequence
 
 from ddp_tutorial.launcher import launch, worker_script
-from ddp_tutorial.lessons import rank_results, script_source
+from ddp_tutorial.lessons import rank_results
 from ddp_tutorial.lessons.table import text_table
 from ddp_tutorial.runfolder import Run
 
 SCRIPT = worker_script(__file__, "sharding_lab.py")
 PARTS = ("memory", "zero", "fsdp", "compress")
-STRATEGIES = {"ddp": "DDP + Adam", "zero1": "DDP + ZeRO-1 (ZeroRedundancyOptimizer)", "fsdp": "FSDP2 (fully_shard)"}
+STRATEGIES = {"ddp": "DDP + Adam", "zero1": "DDP + ZeRO-1 (ZeroRedundancyOptimizer)",
+              "fsdp": "FSDP2 (fully_shard)"}
 KINDS = ("param_bytes", "grad_bytes", "state_bytes")
-#: The ZeRO paper's accounting (Rajbhandari et al., 2020), bytes per parameter of mixed-precision Adam:
-#: fp16 parameters 2, fp16 gradients 2, and K = 12 of optimizer state (fp32 master copy, momentum, variance).
+#: The ZeRO paper's (Rajbhandari et al., 2020) bytes per parameter of mixed-precision Adam: fp16
+#: parameters and gradients, K = 12 of state (fp32 master copy, momentum, variance).
 PAPER_MIXED_PRECISION = {"param_bytes": 2, "grad_bytes": 2, "state_bytes": 12}
 
 
-def show(function: str) -> None:
-    """Print the source of ``function`` in the lab script (read, not imported)."""
-    print(script_source(SCRIPT, function))
-
-
-def run_lab(parts: Sequence[str] = PARTS, world_size: int = 2, steps: int = 8, timeout: float = 120.0,
-            **launch_kwargs) -> Run:
-    """Launch ``sharding_lab.py`` on ``world_size`` ranks (gloo, CPU) and return its ``Run``:
-    ``parts`` as in the script's docstring, ``steps`` of training in ``zero`` and ``fsdp``."""
+def run_lab(parts: Sequence[str] = PARTS, world_size: int = 2, steps: int = 8) -> Run:
+    """``sharding_lab.py``'s ``parts`` on ``world_size`` ranks (gloo, CPU)."""
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         raise ValueError(f"no part(s) {unknown}; one of {', '.join(PARTS)}")
-    return launch(SCRIPT, world_size, ["--parts", ",".join(parts), "--steps", str(steps)], timeout=timeout,
-                  echo="none", **launch_kwargs)
+    return launch(SCRIPT, world_size, ["--parts", ",".join(parts), "--steps", str(steps)],
+                  timeout=120, echo="none")
 
 
 def _one(run: Run, part: str) -> Dict[int, dict]:
@@ -56,7 +43,7 @@ def _one(run: Run, part: str) -> Dict[int, dict]:
 
 # -- 1. Memory -------------------------------------------------------------------
 def memory_table(run: Run) -> Dict[str, Dict[str, Dict[int, dict]]]:
-    """model -> strategy -> rank -> what that rank held after one step (bytes, elements, partition)."""
+    """model -> strategy -> rank -> what that rank held after one step."""
     table: Dict[str, Dict[str, Dict[int, dict]]] = {}
     for rank, recs in rank_results(run, "memory").items():
         for rec in recs:
@@ -83,32 +70,31 @@ def format_memory(table: dict) -> str:
 
 
 def adam_state_bytes(elements: int, tensors: int, element_size: int = 4) -> int:
-    """Adam's state for ``elements`` parameters in ``tensors`` tensors: exp_avg and exp_avg_sq per
-    element, and one ``step`` scalar per tensor (float32 unless torch's default dtype is float64)."""
+    """Adam's state: exp_avg and exp_avg_sq per element, one float32 ``step`` per tensor."""
     return 2 * element_size * elements + 4 * tensors
 
 
-def bytes_per_parameter(table: dict, model: str = "wide", strategy: str = "ddp") -> Dict[str, float]:
-    """Measured bytes per parameter of one rank (rank 0) under ``strategy``: parameters, gradients, state."""
-    rec = table[model][strategy][0]
+def bytes_per_parameter(table: dict, model: str = "wide") -> Dict[str, float]:
+    """Rank 0's measured bytes per parameter under DDP: parameters, gradients, state."""
+    rec = table[model]["ddp"][0]
     return {k: rec[k] / rec["model_elements"] for k in KINDS}
 
 
 def zero_partition(table: dict, model: str) -> Dict[int, dict]:
-    """Per rank under ZeRO-1: the parameters whose Adam state it holds, their elements, its share."""
+    """Per rank under ZeRO-1: the parameters whose Adam state it holds, their elements, share."""
     ranks = table[model]["zero1"]
     sizes = ranks[0]["param_sizes"]
-    total = sum(sizes.values())
-    return {rank: {"params": rec["partition"], "elements": sum(sizes[p] for p in rec["partition"]),
-                   "share": sum(sizes[p] for p in rec["partition"]) / total, "state_bytes": rec["state_bytes"]}
-            for rank, rec in ranks.items()}
+    out = {}
+    for rank, rec in ranks.items():
+        elements = sum(sizes[p] for p in rec["partition"])
+        out[rank] = {"params": rec["partition"], "elements": elements,
+                     "share": elements / sum(sizes.values()), "state_bytes": rec["state_bytes"]}
+    return out
 
 
 def greedy_partition(sizes: Dict[str, int], world_size: int) -> List[List[str]]:
-    """ZeroRedundancyOptimizer's partition, recomputed: the largest tensor first, each to the emptiest rank.
-
-    (torch 2.13 ``_partition_parameters``: sorted by ``numel`` descending, ties to the lowest rank.)
-    """
+    """ZeroRedundancyOptimizer's partition: largest tensor first, each to the emptiest rank
+    (torch 2.13 ``_partition_parameters``: by ``numel`` descending, ties to the lowest rank)."""
     ranks, load = [[] for _ in range(world_size)], [0] * world_size
     for name, n in sorted(sizes.items(), key=lambda item: -item[1]):
         r = load.index(min(load))
@@ -119,13 +105,8 @@ def greedy_partition(sizes: Dict[str, int], world_size: int) -> List[List[str]]:
 
 # -- 2./3. Communication -----------------------------------------------------------
 def bus_factor(op: str, world_size: int) -> float:
-    """Bus bytes per byte of the full tensor, by nccl-tests' rule (its doc/PERFORMANCE.md, "Bus bandwidth").
-
-    all-reduce 2(W-1)/W (a reduce-scatter then an all-gather); all-gather and reduce-scatter (W-1)/W;
-    broadcast 1: in a ring or chain broadcast every link but one carries the whole tensor, so the
-    busiest rank sends all of it (averaged over the ranks it would be (W-1)/W, but the time is set
-    by the busiest link).
-    """
+    """Bus bytes per byte of the full tensor (nccl-tests' doc/PERFORMANCE.md, "Bus bandwidth"):
+    all-reduce 2(W-1)/W, all-gather and reduce-scatter (W-1)/W, broadcast 1 (its busiest link)."""
     if op == "broadcast":
         return 1.0
     return (2 if op == "all_reduce" else 1) * (world_size - 1) / world_size
@@ -143,20 +124,17 @@ def _summed(calls: List[dict], world_size: int) -> Dict[str, dict]:
 
 
 def comm_per_step(run: Run, step: int = 1, rank: int = 0) -> Dict[str, Dict[str, dict]]:
-    """strategy -> collective -> calls, bytes of the full tensors and ring bus bytes in training step ``step``.
-
-    Counted from the tensors each collective was given (the worker records every call).
-    Step 0 is left out by default: it is the same, but a first step can differ in general.
-    """
+    """strategy -> collective -> calls, full-tensor bytes and bus bytes in training step ``step``,
+    counted from the tensors each collective was given (step 1: a first step can differ)."""
     w = run.world_size
-    zero, fsdp = _one(run, "zero")[rank]["collectives"][step], _one(run, "fsdp")[rank]["collectives"][step]
+    zero, fsdp = (_one(run, part)[rank]["collectives"][step] for part in ("zero", "fsdp"))
     return {"ddp": _summed(fsdp["ddp"], w), "zero1": _summed(zero["backward"] + zero["step"], w),
             "fsdp": _summed(fsdp["forward"] + fsdp["backward"] + fsdp["step"], w)}
 
 
 def comm_totals(comm: dict) -> Dict[str, dict]:
     """strategy -> total bytes and bus bytes per step."""
-    return {s: {"bytes": sum(r["bytes"] for r in ops.values()), "bus_bytes": sum(r["bus_bytes"] for r in ops.values())}
+    return {s: {k: sum(r[k] for r in ops.values()) for k in ("bytes", "bus_bytes")}
             for s, ops in comm.items()}
 
 
@@ -168,13 +146,14 @@ def format_comm(comm: dict) -> str:
     against = ", ".join(f"{STRATEGIES[s].split(' (')[0]} {t['bus_bytes'] / base:.2f}x"
                         for s, t in totals.items())
     header = ["strategy", "collective", "calls", "bytes (full tensors)", "bus bytes"]
-    return (text_table(header, rows) + f"\nbus bytes (nccl-tests' rule), against DDP: {against}")
+    return text_table(header, rows) + f"\nbus bytes (nccl-tests' rule), against DDP: {against}"
 
 
 def zero_summary(run: Run) -> dict:
     """ZeRO-1 against DDP after the same steps: equal or not, per-rank state, what a step sends."""
     recs = _one(run, "zero")
-    return {"steps": recs[0]["steps"], "bit_identical_to_ddp": all(r["bit_identical_to_ddp"] for r in recs.values()),
+    return {"steps": recs[0]["steps"],
+            "bit_identical_to_ddp": all(r["bit_identical_to_ddp"] for r in recs.values()),
             "max_diff_vs_ddp": max(r["max_diff_vs_ddp"] for r in recs.values()),
             "ranks_agree": len({r["digest"] for r in recs.values()}) == 1,
             "state_bytes": {rank: r["state"]["state_bytes"] for rank, r in recs.items()},
@@ -183,19 +162,18 @@ def zero_summary(run: Run) -> dict:
 
 
 def fsdp_summary(run: Run) -> dict:
-    """FSDP2 against DDP: what each rank holds, which layers were whole while each ran, the results."""
+    """FSDP2 against DDP: what each rank holds, the layers whole while each ran, the results."""
     recs = _one(run, "fsdp")
     r0 = recs[0]
     return {"steps": r0["steps"], "held": {rank: r["held"] for rank, r in recs.items()},
-            "local_param_sizes": {rank: r["local_param_sizes"] for rank, r in recs.items()},
             "unsharded_while_running": r0["unsharded_while_running"],
             "first_grad_max_diff": max(r["first_grad_max_diff"] for r in recs.values()),
             "max_diff_vs_ddp": max(r["max_diff_vs_ddp"] for r in recs.values()),
-            "ddp_vs_float64": r0["ddp_vs_float64"], "fsdp_vs_float64": r0["fsdp_vs_float64"]}
+            "ddp_vs_float64": r0["ddp_vs_float64"]}
 
 
 def format_unsharded(events: List[dict]) -> str:
-    """One line per layer run: which layers held their whole parameters, and what was all-gathered so far."""
+    """A row per layer run: the layers then whole, and what was all-gathered so far."""
     rows = [(e["phase"], e["layer"],
              ", ".join(f"{name}: {n:,}" for name, n in e["unsharded"].items() if n) or "none",
              " + ".join(f"{n:,}" for n in e["all_gathered"])) for e in events]
@@ -205,46 +183,35 @@ def format_unsharded(events: List[dict]) -> str:
 
 # -- 4. Compressed gradients -------------------------------------------------------
 def compress_summary(run: Run, rank: int = 0) -> dict:
-    """Per hook: all-reduce bytes and dtype per step, the loss curve, and the distance to fp32 at the end."""
+    """Per hook: all-reduce bytes and dtype per step, the loss curve, the distance to fp32."""
     rec = _one(run, "compress")[rank]
-    out = {"steps": rec["steps"], "model_elements": rec["model_elements"],
-           "bf16_compress_hook_refused": rec["bf16_compress_hook_refused"], "build": rec["build"], "hooks": {}}
-    for name, calls in rec["collectives"].items():
-        per_step = [sum(c["bytes"] for c in step) for step in calls]
-        losses = rec["losses"][name]
-        out["hooks"][name] = {"bytes_per_step": sorted(set(per_step)),
-                              "dtypes": sorted({c["dtype"] for s in calls for c in s}),
-                              "losses": losses, "digest": rec["digests"][name],
-                              "max_diff_vs_fp32": rec["max_diff_vs_fp32"][name]}
+    out = {k: rec[k] for k in ("steps", "model_elements", "bf16_compress_hook_refused", "build")}
+    out["hooks"] = {name: {"bytes_per_step": sorted({sum(c["bytes"] for c in s) for s in calls}),
+                           "dtypes": sorted({c["dtype"] for s in calls for c in s}),
+                           "losses": rec["losses"][name], "digest": rec["digests"][name],
+                           "max_diff_vs_fp32": rec["max_diff_vs_fp32"][name]}
+                    for name, calls in rec["collectives"].items()}
     return out
 
 
 def bf16_hook_accepted(build: dict) -> bool:
-    """Whether ``DDP.register_comm_hook`` accepts ``bf16_compress_hook`` on the torch build ``build``.
-
-    torch 2.13's rule (``DistributedDataParallel._check_comm_hook``, checked by the hook's name): a CUDA
-    or ROCm build (``torch.version.cuda`` or ``.hip`` set) whose NCCL is 2.10 or newer, or an XPU build
-    with XCCL and an XPU. torch 2.6's rule has no XPU part (``xpu_rule`` False). Whether a GPU is present
-    does not enter: the CUDA wheel ``pip install torch`` gives on Linux accepts it on a CPU-only
-    machine; the ``+cpu`` wheel refuses it.
-
-    Args:
-        build: what the lab's ranks read from their torch: ``cuda``, ``hip``, ``nccl_available``,
-            ``nccl_version`` (a list, or None), ``xccl_available``, ``xpu_available``, and
-            ``xpu_rule`` (whether its rule has the XPU part; True when absent).
-    """
+    """Whether ``register_comm_hook`` accepts ``bf16_compress_hook`` on the torch ``build`` (the
+    lab's ``build_facts``). torch 2.13 ``DistributedDataParallel._check_comm_hook``: CUDA or ROCm
+    with NCCL >= 2.10, or XCCL with an XPU (no XPU part in 2.6's rule: ``xpu_rule``). No GPU is
+    needed: Linux's default CUDA wheel accepts it on a CPU-only machine."""
     cuda_or_rocm = build["cuda"] is not None or build["hip"] is not None
     nccl = bool(build["nccl_available"]) and tuple(build["nccl_version"] or ()) >= (2, 10)
-    xpu = build.get("xpu_rule", True) and bool(build["xccl_available"]) and bool(build["xpu_available"])
-    return (cuda_or_rocm and nccl) or xpu
+    xpu = build.get("xpu_rule", True) and build["xccl_available"] and build["xpu_available"]
+    return bool((cuda_or_rocm and nccl) or xpu)
 
 
 def format_bf16_build(summary: dict) -> str:
-    """One line: what this build is, what torch's rule expects, and what ``register_comm_hook`` did."""
+    """One line: this build, what torch's rule expects, what ``register_comm_hook`` did."""
     b = summary["build"]
     nccl = ".".join(map(str, b["nccl_version"])) if b["nccl_version"] else "none"
     said = summary["bf16_compress_hook_refused"]
-    return (f"torch {b['torch']}: CUDA {b['cuda'] or 'none'}, ROCm {b['hip'] or 'none'}, NCCL {nccl}, "
+    return (f"torch {b['torch']}: CUDA {b['cuda'] or 'none'}, ROCm {b['hip'] or 'none'}, "
+            f"NCCL {nccl}, "
             f"XPU with XCCL {bool(b['xccl_available'] and b['xpu_available'])}"
             f"{'' if b.get('xpu_rule', True) else ' (a rule without an XPU part)'} -> the rule "
             f"{'accepts' if bf16_hook_accepted(b) else 'refuses'} bf16_compress_hook; "
@@ -252,7 +219,7 @@ def format_bf16_build(summary: dict) -> str:
 
 
 def loss_gap(summary: dict, name: str, base: str = "allreduce_hook (fp32)") -> float:
-    """Largest relative difference of ``name``'s loss curve from ``base``'s, over all steps."""
+    """Largest relative difference of ``name``'s loss curve from ``base``'s."""
     a, b = summary["hooks"][name]["losses"], summary["hooks"][base]["losses"]
     return max(abs(x - y) / abs(y) for x, y in zip(a, b))
 
@@ -268,35 +235,21 @@ def format_compress(summary: dict) -> str:
 
 
 # -- 5. The calculator -------------------------------------------------------------
-def per_parameter_bytes(params: float, grads: float, state: float, world_size: int) -> Dict[str, float]:
-    """Bytes per parameter on each device under each strategy, from the bytes per parameter of
-    parameters, gradients and optimizer state (as DDP holds them): what each strategy divides by N."""
-    n = world_size
-    return {"DDP": params + grads + state, "ZeRO-1": params + grads + state / n,
-            "ZeRO-2": params + (grads + state) / n, "FSDP (ZeRO-3)": (params + grads + state) / n}
-
-
 GIB = 2 ** 30  # an "80 GB" GPU holds 80 GiB: memory is sold in powers of two
 
 
 def calculator(model_params: Sequence[float], devices: int, memory_gib: float,
                per_param: Dict[str, float]) -> List[dict]:
-    """Which strategies fit a model of Ψ parameters on ``devices`` devices of ``memory_gib`` GiB each.
-
-    A projection, not a measurement: it multiplies bytes per parameter (``per_param``:
-    parameters, gradients, state, e.g. measured by ``bytes_per_parameter``) by Ψ and
-    divides what each strategy shards by N. Activations, temporary buffers (DDP's
-    buckets, FSDP's one unsharded layer), the framework and fragmentation are left out.
-    """
-    rows = []
-    for psi in model_params:
-        per_device = per_parameter_bytes(per_param["param_bytes"], per_param["grad_bytes"],
-                                         per_param["state_bytes"], devices)
-        for strategy, b in per_device.items():
-            gib = psi * b / GIB
-            rows.append({"params": psi, "strategy": strategy, "bytes_per_param": b, "gib_per_device": gib,
-                         "fits": gib <= memory_gib})
-    return rows
+    """Which strategies fit Ψ parameters on ``devices`` of ``memory_gib`` GiB: ``per_param`` bytes
+    (as DDP holds them) times Ψ, what each strategy shards divided by N. A projection: activations,
+    buffers, the framework and fragmentation are left out."""
+    p, g, s = (per_param[k] for k in KINDS)
+    n = devices
+    per_device = {"DDP": p + g + s, "ZeRO-1": p + g + s / n, "ZeRO-2": p + (g + s) / n,
+                  "FSDP (ZeRO-3)": (p + g + s) / n}
+    return [{"params": psi, "strategy": strategy, "bytes_per_param": b,
+             "gib_per_device": psi * b / GIB, "fits": psi * b / GIB <= memory_gib}
+            for psi in model_params for strategy, b in per_device.items()]
 
 
 def format_calculator(rows: List[dict], devices: int, memory_gib: float, title: str = "") -> str:
@@ -311,8 +264,7 @@ def _human(n: float) -> str:
 
 
 def ring_ratio(world_size: int) -> float:
-    """The ZeRO paper's FSDP/DDP traffic ratio (its section 7.2.2: 3Ψ against 2Ψ): (2 all-gathers +
-    1 reduce-scatter) / 1 all-reduce, in bus bytes."""
+    """The ZeRO paper's FSDP/DDP traffic ratio (section 7.2.2, 3Ψ against 2Ψ), in bus bytes."""
     return 3 * bus_factor("all_gather_single", world_size) / bus_factor("all_reduce", world_size)
 
 
@@ -322,11 +274,7 @@ def report(run: Run) -> str:
     sections = [format_memory(memory), format_comm(comm_per_step(run))]
     if rank_results(run, "compress")[0]:
         sections.append(format_compress(compress_summary(run)))
-    per_param = bytes_per_parameter(memory)
-    sections.append(format_calculator(calculator([1e9, 7e9], 8, 80, per_param), 8, 80,
-                                      "projection (activations left out), float32 Adam as measured:"))
+    rows = calculator([1e9, 7e9], 8, 80, bytes_per_parameter(memory))
+    sections.append(format_calculator(rows, 8, 80, "projection (activations left out), float32 "
+                                                   "Adam as measured:"))
     return "\n\n".join(sections)
-
-
-__all__ = ["run_lab", "memory_table", "format_memory", "comm_per_step", "format_comm", "zero_summary",
-           "fsdp_summary", "compress_summary", "calculator", "format_calculator", "show", "report"]

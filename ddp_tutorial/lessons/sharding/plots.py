@@ -1,4 +1,7 @@
-"""Figures of lesson 10: bytes held per rank, bytes sent per step, loss with compressed gradients."""
+"""Figures of notebook 10: bytes held per rank, bytes sent per step, loss with compressed gradients.
+
+Each plot takes ``ax``, the axes to draw on (a new figure if None), and ``title``.
+"""
 
 from __future__ import annotations
 
@@ -25,60 +28,43 @@ def _stacked_bar(ax: plt.Axes, x: float, parts: dict, labelled: set) -> None:
 
 def plot_memory_per_rank(table: dict, model: str = "wide", ax: Optional[plt.Axes] = None,
                          title: Optional[str] = None) -> plt.Axes:
-    """Stacked bars: the bytes of parameters, gradients and Adam state each rank holds, per strategy.
-
-    Args:
-        table: ``lessons.sharding.memory_table(run)``.
-        model: which model's rows ("kit" or "wide").
-        ax: axes to draw on (new figure if None).
-        title: the title.
-    """
+    """Stacked bars: parameters, gradients and Adam state each rank holds, per strategy
+    (``memory_table``'s ``model`` rows, "kit" or "wide")."""
     ax = new_axes(ax, figsize=(8, 3.5))
     labels, x, labelled = [], 0, set()
     for strategy, ranks in table[model].items():
         for rank, rec in sorted(ranks.items()):
-            _stacked_bar(ax, x, {_KIND_NAMES[k]: (rec[k] / 1024, c) for k, c in _KIND_COLORS.items()}, labelled)
+            parts = {_KIND_NAMES[k]: (rec[k] / 1024, c) for k, c in _KIND_COLORS.items()}
+            _stacked_bar(ax, x, parts, labelled)
             labels.append(f"{strategy}\nrank {rank}")
             x += 1
         x += 0.5  # a gap between strategies
     ticks = [i + 0.5 * (i // len(next(iter(table[model].values())))) for i in range(len(labels))]
     ax.set_xticks(ticks, labels, fontsize="small")
     return finish_axes(ax, "strategy and rank", "KiB held by the rank",
-                       title or f"What each rank holds after one step ({model} model, Adam, float32)")
+                       title or f"What each rank holds after one step ({model} model, Adam)")
 
 
-def plot_comm_per_step(comm: dict, ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
-    """Stacked bars: per strategy, the bus bytes of one step (nccl-tests' rule), by collective.
-
-    The legend sits right of the axes, where it covers no bar.
-
-    Args:
-        comm: ``lessons.sharding.comm_per_step(run)``.
-        ax: axes to draw on (new figure if None).
-        title: the title.
-    """
+def plot_comm_per_step(comm: dict, ax: Optional[plt.Axes] = None,
+                       title: Optional[str] = None) -> plt.Axes:
+    """Stacked bars: per strategy, the bus bytes of one step by collective (``comm_per_step``);
+    the legend right of the axes, where it covers no bar."""
     ax = new_axes(ax, figsize=(8.5, 3.2))
     labelled = set()
     for i, ops in enumerate(comm.values()):
-        _stacked_bar(ax, i, {op: (row["bus_bytes"] / 1024, _OP_COLORS.get(op, "grey")) for op, row in ops.items()},
-                     labelled)
+        _stacked_bar(ax, i, {op: (row["bus_bytes"] / 1024, _OP_COLORS.get(op, "grey"))
+                             for op, row in ops.items()}, labelled)
     ax.set_xticks(range(len(comm)), list(comm), fontsize="small")
     return finish_axes(ax, "strategy", "bus KiB per step",
                        title or "Bus bytes per training step (nccl-tests' rule)", loc="upper left",
                        bbox_to_anchor=(1.01, 1.0))
 
 
-def plot_compressed_loss(summary: dict, ax: Optional[plt.Axes] = None, title: Optional[str] = None) -> plt.Axes:
-    """The loss on the whole dataset after each step, one line per DDP comm hook.
-
-    Args:
-        summary: ``lessons.sharding.compress_summary(run)``.
-        ax: axes to draw on (new figure if None).
-        title: the title.
-    """
+def plot_compressed_loss(summary: dict, ax: Optional[plt.Axes] = None,
+                         title: Optional[str] = None) -> plt.Axes:
+    """The loss on the whole dataset after each step, a line per comm hook."""
     ax = new_axes(ax, figsize=(8, 3.2))
-    styles = ["-", "--", ":", "-."]
-    for i, (name, hook) in enumerate(summary["hooks"].items()):
-        ax.plot(range(1, len(hook["losses"]) + 1), hook["losses"], ls=styles[i % len(styles)], lw=1.6, label=name)
+    for style, (name, hook) in zip(["-", "--", ":", "-."] * 2, summary["hooks"].items()):
+        ax.plot(range(1, len(hook["losses"]) + 1), hook["losses"], ls=style, lw=1.6, label=name)
     return finish_axes(ax, "optimizer step", "loss on the whole dataset (MSE)",
                        title or "Compressed gradients: the loss curves lie on top of each other")

@@ -1,15 +1,7 @@
 """Exercise "shard": turn a DDP script with Adam into ZeRO-1, judged from what the ranks measured.
 
-The learner's script trains ``task``'s model with DDP and Adam (learning rate
-``LR``), then saves a checkpoint on rank 0 (``checkpoint_path()``). The harness
-adds what this exercise needs (``workers/shard_records.py``): the Adam state each
-rank holds at the end (each parameter's step and moments), the ZeroRedundancyOptimizer
-calls (``consolidate_state_dict`` and its target, ``state_dict``), what rank 0 saved
-(the same numbers, as they were when saved), and on rank 0 the parameters the
-original DDP script reaches (replayed in one process). A criterion whose
-measurement a run that stopped early never made says "not measured", never a
-✗ with a reason (``judge.common.absent``). The skeleton and solution read ``LR`` and
-``checkpoint_path`` from ``ddp_tutorial.exercises.shard``. No torch in here.
+The measurements are ``workers/shard_records.py``'s. A criterion whose measurement a run that
+stopped early never made says "not measured" (``judge.common.absent``). No torch in here.
 """
 
 from __future__ import annotations
@@ -22,9 +14,7 @@ from ddp_tutorial.exercises.judge.sampler_no_sync import reshuffled
 from ddp_tutorial.exercises.runs import HarnessRun
 from ddp_tutorial.exercises.shard import LR
 
-#: Final parameters closer than this to the DDP script's count as equal. The harness replays DDP's
-#: arithmetic (each rank's gradient, divided by W, summed), so a correct ZeRO-1 run lands within
-#: float rounding of it (0.0 measured on 2 ranks).
+#: Final parameters closer than this to the DDP script's replay count as equal (float rounding).
 TOLERANCE = 1e-6
 
 SHARDED = "Adam's state is sharded: each rank holds its partition's, together exactly one copy"
@@ -45,7 +35,7 @@ CONSOLIDATE_IS_COLLECTIVE = ("it is a collective: every shard but the target's o
                              "that holds it, and every rank takes part in each of those broadcasts")
 
 def stopped_early(run: HarnessRun, finals: Dict[int, dict]) -> Optional[str]:
-    """Why a measurement is missing in a run that stopped early; None where nothing is missing for that reason."""
+    """Why a measurement is missing in a run that stopped early; None if not for that reason."""
     if run.finished:
         return None
     silent = [r for r in run.ranks if r not in finals]
@@ -87,7 +77,6 @@ def sharded(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     measured = ", ".join(f"rank {r}: {b:,} bytes" for r, b in held.items())
     kinds = {f["optimizer"] for f in finals.values()}
     if "ZeroRedundancyOptimizer" not in kinds:
-        # Names what is missing without writing the line for the learner (the hint and solution do that).
         return Criterion(SHARDED, False, (
             f"every rank holds Adam's whole state ({measured}; one full copy is {full:,} bytes): the "
             f"optimizer is {', '.join(sorted(kinds))}, so {run.world_size} copies exist. Shard it: "
@@ -109,8 +98,8 @@ def sharded(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
 def same_as_ddp(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     """The final parameters on every rank equal those the DDP script with Adam reaches."""
     rank0 = finals.get(0, {})
-    # ZeRO that built no Adam (overlap_with_ddp=True without its hook) never changes a parameter: known
-    # without the reference, which a rank stopped after its peer's crash may never have computed.
+    # ZeRO that built no Adam (overlap_with_ddp=True without its hook) changes no parameter: known
+    # without the reference, which may be missing.
     never = [r for r, f in finals.items() if f["optimizer"] == "ZeroRedundancyOptimizer"
              and f["local_optimizer"] is None and f["optimizer_steps"]]
     if "reference" not in rank0 and never:
@@ -167,8 +156,7 @@ def same_as_ddp(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
 
 
 def held_at_the_end(finals: Dict[int, dict], run: HarnessRun) -> Optional[Dict[int, dict]]:
-    """Every parameter's Adam state as training left it, gathered from the ranks that hold it (by
-    global index); None where a rank is missing."""
+    """Every parameter's Adam state at the end, by global index; None where a rank is missing."""
     if len(finals) < run.world_size:
         return None
     held: Dict[int, dict] = {}
@@ -179,7 +167,7 @@ def held_at_the_end(finals: Dict[int, dict], run: HarnessRun) -> Optional[Dict[i
 
 
 def stale_parameters(saved: dict, held: Dict[int, dict]) -> Dict[int, float]:
-    """Saved step per parameter index, for the parameters whose saved state is not the one training left."""
+    """Saved step per parameter index, where the saved state is not the one training left."""
     stale = {}
     for index, state in saved["state"]:
         now = held.get(index)
@@ -190,7 +178,7 @@ def stale_parameters(saved: dict, held: Dict[int, dict]) -> Dict[int, float]:
 
 
 def steps_text(steps: Dict[int, Optional[float]]) -> str:
-    """{parameter index: step} as Python prints a dict of ints ("-" for a parameter with no state)."""
+    """{parameter index: step} as Python prints it ("-" for no state)."""
     return "{" + ", ".join(f"{i}: {'-' if s is None else f'{s:g}'}" for i, s in steps.items()) + "}"
 
 
@@ -280,8 +268,6 @@ def whole_checkpoint(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
 
 
 def judge_shard(run: HarnessRun) -> List[Criterion]:
-    # Per rank, what ``shard_records.py`` measured once the script ended; rank 0's with its replay
-    # of the DDP script, where it got that far.
     finals = run.finals("shard_final", "shard_reference")
     criteria = [ran_to_end(run)]
     if not finals:

@@ -1,8 +1,4 @@
-"""Notebook helpers of lesson 05: destroy_process_group, a crashing rank, a dead peer.
-
-Each helper launches a script of ``lessons/teardown/workers`` and returns what
-the ranks reported. No torch is imported here.
-"""
+"""Notebook 05's helpers: destroy_process_group, a crashing rank, a dead peer (no torch here)."""
 
 from __future__ import annotations
 
@@ -27,15 +23,14 @@ def teardown_results(run: Run) -> Dict[int, Dict[str, object]]:
 PEER_EXIT_SCRIPT = worker_script(__file__, "peer_exit_demo.py")
 
 
-def peer_gone(world_size: int = 2, pg_timeout: float = 60.0, timeout: float = 90.0) -> Dict[str, object]:
-    """Launch ``peer_exit_demo.py``: the last rank vanishes; how fast does a survivor's all_reduce fail?
-
-    Returns rank 0's report: ``seconds_to_error``, ``error_type``, ``error``, ``pg_timeout_s``.
-    """
-    run = launch(PEER_EXIT_SCRIPT, world_size, ["--pg-timeout", str(pg_timeout)], echo="none", timeout=timeout)
+def peer_gone(world_size: int = 2, pg_timeout: float = 60.0, timeout: float = 90.0) -> dict:
+    """Launch ``peer_exit_demo.py``: the last rank vanishes; rank 0's report of how fast its
+    all_reduce failed."""
+    run = launch(PEER_EXIT_SCRIPT, world_size, ["--pg-timeout", str(pg_timeout)], echo="none",
+                 timeout=timeout)
     return run.results(0)[-1]
 
 
 def exit_without_teardown(world_size: int = 2, timeout: float = 60.0) -> Run:
-    """Launch ``peer_exit_demo.py --no-teardown``: every rank returns without ``destroy_process_group``."""
+    """Launch ``peer_exit_demo.py --no-teardown``: ranks return without leaving the group."""
     return launch(PEER_EXIT_SCRIPT, world_size, ["--no-teardown"], echo="all", timeout=timeout)

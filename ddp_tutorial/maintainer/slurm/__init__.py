@@ -1,15 +1,8 @@
-"""A real SLURM cluster here, for tests/test_slurm.py: one controller, two nodes on 127.0.0.1.
+"""A real SLURM cluster here (``python -m ddp_tutorial.maintainer.slurm start|demo|stop``): munged,
+slurmctld and two slurmd on 127.0.0.1, from Debian's ``slurm-wlm`` and ``munge``, run as root.
 
-    python -m ddp_tutorial.maintainer.slurm start    # munged, slurmctld, slurmd node1 + node2
-    export SLURM_CONF=...                            # the line it prints
-    sbatch --wait ddp_tutorial/lessons/beyond_one_machine/slurm/train.sbatch --out runs/slurm
-    python -m ddp_tutorial.maintainer.slurm stop     # stops the daemons by their pids
-
-Debian's ``slurm-wlm`` and ``munge`` (``apt-get install slurm-wlm munge``, as root). Everything
-the cluster writes (configuration, munge key and socket, state, logs) stays in one folder;
-the daemons run as root with ``ProctrackType=proctrack/linuxproc`` and ``TaskPlugin=task/none``,
-so no cgroup setup is needed. Node names do not resolve: the sbatch script reads each node's
-address from ``scontrol show node`` (``NodeAddr``).
+Everything it writes stays in one folder; ``proctrack/linuxproc`` and ``task/none`` need no cgroups.
+Node names do not resolve: the sbatch script reads each node's ``NodeAddr`` (docs/clusters.md).
 """
 
 from __future__ import annotations
@@ -38,14 +31,11 @@ NODES = ("node1", "node2")
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo")
 SBIN = ("/usr/sbin", "/sbin")
 
+#: Settings where 22.05's defaults do (root, munge, backfill, no accounting) are left out.
 SLURM_CONF = """\
 ClusterName=ddptutorial
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={ctld_port}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
 AuthInfo=socket={folder}/munge.socket
 StateSaveLocation={folder}/state
 SlurmdSpoolDir={folder}/spool-%n
@@ -57,16 +47,10 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
-SchedulerType=sched/backfill
-MpiDefault=none
 ReturnToService=2
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-JobCompType=jobcomp/none
 KillWait=5
 MinJobAge=4
 SlurmdTimeout=60
-InactiveLimit=0
 NodeName=node[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port={node_ports} CPUs={cpus} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
@@ -94,11 +78,7 @@ def missing() -> Optional[str]:
 
 
 class LocalCluster:
-    """A controller and two nodes on 127.0.0.1, all of its files in ``folder``.
-
-    Args:
-        folder: configuration, key, state and logs; ``DEFAULT_FOLDER`` if None.
-    """
+    """A controller and two nodes on 127.0.0.1, all of its files in ``folder``."""
 
     def __init__(self, folder=None):
         self.folder = Path(folder or DEFAULT_FOLDER).resolve()
@@ -112,9 +92,8 @@ class LocalCluster:
         return dict(os.environ, SLURM_CONF=str(self.conf))
 
     def job_env(self, **extra: str) -> Dict[str, str]:
-        """The environment to submit a job from: ``env``, this Python's torchrun first on PATH,
-        this checkout importable, one thread per rank, a free rendezvous port (``RDZV_PORT``),
-        and ``extra``."""
+        """``env`` with this Python's torchrun and checkout, one thread per rank, a free ``RDZV_PORT``
+        and ``extra``: what to submit a job from."""
         env = self.env
         checkout = str(Path(__file__).resolve().parents[3])
         env.update(PATH=os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")]),
@@ -145,37 +124,28 @@ class LocalCluster:
         return len(self.pids()) == 2 + len(NODES)
 
     def start(self, timeout: float = 60.0) -> "LocalCluster":
-        """Start munged, slurmctld and the two slurmd, and wait until both nodes are idle.
-
-        A folder left by an earlier cluster is stopped and cleared first.
-
-        Raises:
-            ClusterError: SLURM is missing, or the nodes are not idle within ``timeout`` s
-                (the daemons are stopped again, and the message has their logs' ends).
-        """
+        """Start the daemons (an earlier cluster in the folder stopped and cleared first) and wait
+        until both nodes are idle; ClusterError, with the logs' ends, if not within ``timeout``."""
         why = missing()
         if why:
             raise ClusterError(why)
         self.stop()
         shutil.rmtree(self.folder, ignore_errors=True)
         (self.folder / "state").mkdir(parents=True)
-        key = self.folder / "munge.key"
+        f = self.folder
+        key = f / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
         ctld = free_port()
         node1 = node_port_pair(ctld)
-        self.conf.write_text(SLURM_CONF.format(folder=self.folder, ctld_port=ctld,
-                                               node_ports=f"{node1}-{node1 + 1}",
-                                               cpus=os.cpu_count() or 1))
-        f = self.folder
+        self.conf.write_text(SLURM_CONF.format(folder=f, ctld_port=ctld, cpus=os.cpu_count() or 1,
+                                               node_ports=f"{node1}-{node1 + 1}"))
         commands = {
             "munged": [which("munged"), "--foreground", "--force", f"--socket={f}/munge.socket",
                        f"--key-file={key}", f"--pid-file={f}/munged.pid",
-                       f"--log-file={f}/munged.log",
-                       f"--seed-file={f}/munged.seed"],
+                       f"--log-file={f}/munged.log", f"--seed-file={f}/munged.seed"],
             "slurmctld": [which("slurmctld"), "-D", "-c", "-f", str(self.conf)],
-            **{f"slurmd-{n}": [which("slurmd"), "-D", "-f", str(self.conf), "-N", n]
-               for n in NODES},
+            **{f"slurmd-{n}": [which("slurmd"), "-D", "-f", self.conf, "-N", n] for n in NODES},
         }
         pids = {}
         try:
@@ -214,13 +184,12 @@ class LocalCluster:
             self.pid_file.unlink()
         return list(pids)
 
-    def run(self, *cmd: str, timeout: float = 30.0, check: bool = True):
+    def run(self, *cmd: str, timeout: float = 30.0, check: bool = True, env=None, cwd=None):
         """A SLURM command (``sinfo``, ``squeue``, ...) against this cluster."""
-        result = subprocess.run([which(cmd[0]) or cmd[0], *cmd[1:]], env=self.env,
+        result = subprocess.run([which(cmd[0]) or cmd[0], *cmd[1:]], env=env or self.env, cwd=cwd,
                                 capture_output=True, text=True, timeout=timeout)
         if check and result.returncode != 0:
-            raise ClusterError(f"{' '.join(cmd)} exited {result.returncode}: "
-                               f"{result.stderr.strip()}")
+            raise ClusterError(f"{cmd[0]} exited {result.returncode}: {result.stderr.strip()}")
         return result
 
     def idle_nodes(self) -> List[str]:
@@ -236,30 +205,16 @@ class LocalCluster:
 
     def submit(self, args: Sequence[str], cwd, env: Optional[Dict[str, str]] = None,
                options: Sequence[str] = ()) -> str:
-        """Submit the kit's sbatch script with train.py flags ``args`` from ``cwd``; the job id.
-
-        Args:
-            args: flags for ``ddp_tutorial.train``.
-            cwd: where the job runs (relative paths in ``args`` are from here).
-            env: the submitting environment (default: ``self.env``); sbatch passes it on.
-            options: sbatch options before the script (``--output``, ``--job-name``, ...).
-        """
-        cmd = [which("sbatch"), "--parsable", *options, SBATCH_SCRIPT, *map(str, args)]
-        result = subprocess.run(cmd, cwd=cwd, env=env or self.env, capture_output=True, text=True,
-                                timeout=30)
-        if result.returncode != 0:
-            raise ClusterError(f"sbatch exited {result.returncode}: {result.stderr.strip()}")
-        return result.stdout.strip().split(";")[0]
+        """Submit the kit's sbatch script with train.py flags ``args`` from ``cwd`` (sbatch
+        ``options`` before the script, ``env`` passed on); the job id."""
+        done = self.run("sbatch", "--parsable", *options, SBATCH_SCRIPT, *map(str, args),
+                        env=env, cwd=cwd)
+        return done.stdout.strip().split(";")[0]
 
     def wait_gone(self, job: str, timeout: float) -> None:
-        """Wait until ``job`` has left the queue (ended, its processes reaped by slurmd).
-
-        Raises:
-            ClusterError: it is still there after ``timeout`` s.
-        """
-        def gone():
-            return not self.run("squeue", "--noheader", f"--jobs={job}", check=False).stdout.strip()
-        wait_for(gone, timeout, f"job {job} gone from the queue")
+        """Wait until ``job`` has left the queue (ended, its processes reaped by slurmd)."""
+        wait_for(lambda: not self.run("squeue", "-h", "-j", job, check=False).stdout.strip(),
+                 timeout, f"job {job} gone from the queue")
 
     def log_tails(self, lines: int = 8) -> str:
         """The last lines of each daemon's log (what to read when it does not start)."""
@@ -273,12 +228,7 @@ class LocalCluster:
 
 def node_port_pair(ctld: int) -> int:
     """The first of two consecutive free ports, not ``ctld``: the slurmd's ``SlurmdPort`` range.
-
-    Raises:
-        ClusterError: no such pair among the candidates (a machine with almost every port taken).
-    """
-    # Both must be free: one random free port is, but its neighbour may be another test's or
-    # learner's listener (a run of the suite met one), so try other pairs instead of giving up.
+    A free port's neighbour may be another's listener: other pairs are tried, not given up."""
     for node1 in candidate_ports():
         if ctld not in (node1, node1 + 1) and all(map(port_can_be_bound, (node1, node1 + 1))):
             return node1
@@ -289,22 +239,13 @@ def wait_for(ready, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
         if time.monotonic() > deadline:
-            raise ClusterError(f"the local SLURM cluster did not reach '{what}' "
-                               f"within {timeout:.0f} s")
+            raise ClusterError(f"the local cluster did not reach '{what}' within {timeout:.0f} s")
         time.sleep(0.2)  # polling the daemons' state; they signal nothing
 
 
 def demo_job(cluster=None, folder=None, timeout: float = 120.0) -> str:
-    """If the local cluster is up: a small 2-node x 2-rank job of train.py, its queue entry and output.
-
-    Otherwise a line that says why not (SLURM missing, or not started) and how to start it.
-    Nothing is started here: ``start`` starts the cluster.
-
-    Args:
-        cluster: a ``LocalCluster``; default the ``start`` command's folder.
-        folder: where the job runs and writes; default a new folder under ``runs/``.
-        timeout: seconds the job may take.
-    """
+    """If the cluster is up, a small 2-node x 2-rank job of train.py (run in ``folder``, by default
+    new under ``runs/``): its queue entry and output; else why not, and how to start it."""
     why = missing()
     if why:
         return f"No local SLURM cluster here: {why}."

@@ -1,9 +1,5 @@
-"""Start, stop or look at the local SLURM cluster.
-
-    python -m ddp_tutorial.maintainer.slurm start|demo|stop|status [--folder DIR]
-
-``demo`` submits a small 2-node job of train.py and prints the queue and the job's output.
-"""
+"""``python -m ddp_tutorial.maintainer.slurm start|demo|stop|status [--folder DIR]``: the local
+cluster; ``demo`` submits a small 2-node job of train.py and prints the queue and its output."""
 
 import argparse
 import sys

@@ -1,1 +1,1 @@
-"""Scripts the kit's self-checks launch: a minimal DDP hello, and a probe that times each launch phase."""
+"""The script the kit's launch-speed check launches: a minimal DDP hello."""

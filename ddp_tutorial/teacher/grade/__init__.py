@@ -1,24 +1,18 @@
-"""Grade a class: every learner's exercise files, each checked on real ranks in a sandbox of its own.
+"""Grade a class: every learner's exercise files, each checked on real ranks in its own sandbox.
 
-    python -m ddp_tutorial.grade SUBMISSIONS [--out grades] [--jobs 1] [--timeout 60]
-
-SUBMISSIONS holds one folder (or one .zip) per learner, named for the learner,
-with the files ``exercises.start`` writes: ``init.py``, ``wrap.py``, ``sampler.py``,
-``no_sync.py``, ``teardown.py``, ``capstone.py``, ``shard.py`` (any subset). Each file
-goes through ``exercises.check``, as the learner's notebook runs it, inside a sandbox
-(``sandbox.py``, bubblewrap): its own PID, mount and network namespaces, its own uid, a fresh
-folder, read-only everything else, and limits on time, memory, processes and output.
-The results go to ``--out``: ``report.html``, ``report.csv``, ``results.json``, and a
-cache that lets a second run check only what is new or changed. What the sandbox
-guarantees, and what it does not: docs/grading.md.
+SUBMISSIONS holds one folder (or .zip) per learner with the files ``exercises.start`` writes. Each
+goes through ``exercises.check``, as the notebook runs it, in a bubblewrap sandbox (``sandbox.py``);
+``--out`` gets report.html, report.csv, results.json and a cache, so a rerun checks only what
+changed. What the sandbox guarantees, and what it does not: docs/grading.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
@@ -36,25 +30,21 @@ from ddp_tutorial.teacher.grade.outcomes import (CRASHED, FAILED, NOT_SUBMITTED,
                                                  TIMED_OUT, Cache, Limits, Outcome, cache_key, kit_version)
 
 KIT_ROOT = PACKAGE_ROOT.parent
-#: The sandboxes' uids: slot n (one per check running at once) runs as UID_BASE + n, a uid no one has.
+#: The sandboxes' uids: slot n (a check running at once) runs as UID_BASE + n, a uid no one has.
 UID_BASE = 2_100_000_000
 #: How a run that hit its deadline is described by the check (``exercises.runs``).
 DEADLINE = "did not finish within"
 
 
-# -- One check in its sandbox ----------------------------------------------------------------------------
-def runs_of(exercise: str) -> int:
-    """How many deadlines a check may use one after another (teardown runs the script twice)."""
-    return 2 if exercise == "teardown" else 1
-
-
+# -- One check in its sandbox ---------------------------------------------------------------
 def wall_limit(exercise: str, timeout: float) -> float:
-    """The grader's own deadline for a whole check: its runs, plus starting Python and importing torch."""
-    return runs_of(exercise) * timeout + 120.0
+    """The grader's deadline for a check: its runs (teardown runs the script twice), plus starting
+    Python and importing torch."""
+    return (2 if exercise == "teardown" else 1) * timeout + 120.0
 
 
 class _Capped:
-    """Reads a pipe to its end in a thread, keeping at most ``limit`` bytes (the head and the tail)."""
+    """Reads a pipe to its end in a thread, keeping at most ``limit`` bytes: the head and the tail."""
 
     def __init__(self, stream, limit: int):
         self.stream, self.limit, self.head, self.tail, self.dropped = stream, limit, b"", b"", 0
@@ -64,7 +54,7 @@ class _Capped:
     def _read(self):
         half = self.limit // 2
         while True:
-            chunk = self.stream.read1(1 << 16) if hasattr(self.stream, "read1") else self.stream.read(1 << 16)
+            chunk = self.stream.read1(1 << 16)
             if not chunk:
                 break
             if len(self.head) < half:
@@ -78,7 +68,7 @@ class _Capped:
     def text(self) -> str:
         self.thread.join(5)
         middle = f"\n... ({self.dropped} bytes of output left out) ...\n" if self.dropped else ""
-        return (self.head.decode("utf-8", "replace") + middle + self.tail.decode("utf-8", "replace"))
+        return self.head.decode("utf-8", "replace") + middle + self.tail.decode("utf-8", "replace")
 
     def data(self) -> bytes:
         self.thread.join(5)
@@ -89,20 +79,10 @@ class _Capped:
 _RUNNING: Dict[int, subprocess.Popen] = {}
 
 
-def stop_all_sandboxes() -> None:
-    for process in list(_RUNNING.values()):
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 @functools.lru_cache(maxsize=None)
 def torch_address_space() -> int:
-    """Bytes of address space a rank maps for torch alone (``import torch`` and what DDP imports), in a
-    fresh process of this Python, rounded up to 256 MiB: about 0.7 GiB for the CPU wheel, 3.5 to 5 GiB
-    for a CUDA build (its libraries are mapped whole, used or not). A fixed RLIMIT_AS would let a
-    check on the CPU wheel use more than one on a CUDA build, or stop a CUDA build's ``import torch``."""
+    """Bytes of address space importing torch (and what DDP imports) maps here, rounded up to 256 MiB:
+    a CUDA build maps its libraries whole, so a fixed RLIMIT_AS would fit only one kind of wheel."""
     code = "import psutil, torch, torch._dynamo, torch.distributed\nprint(psutil.Process().memory_info().vms)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(KIT_ROOT)})
@@ -114,7 +94,7 @@ def torch_address_space() -> int:
 
 def check_in_sandbox(learner: str, exercise: str, source: bytes, timeout: float, uid: int, limits: Limits,
                      hide: Sequence[str], keep: Sequence[str]) -> Outcome:
-    """``exercises.check`` one file in a fresh sandbox (``sandbox.py``); never raises for what the file does."""
+    """``exercises.check`` one file in a fresh sandbox; never raises for what the file does."""
     t0 = time.monotonic()
     read_end, write_end = os.pipe()
     # RLIMIT_AS: what importing torch maps, plus what the check may use beyond it
@@ -133,11 +113,9 @@ def check_in_sandbox(learner: str, exercise: str, source: bytes, timeout: float,
     output = _Capped(process.stdout, limits.output_bytes)
     result = _Capped(os.fdopen(read_end, "rb"), 8 << 20)
     killed = False
-    try:
+    with contextlib.suppress(BrokenPipeError):
         process.stdin.write(source)
         process.stdin.close()
-    except BrokenPipeError:
-        pass
     try:
         process.wait(wall_limit(exercise, timeout))
     except subprocess.TimeoutExpired:
@@ -165,14 +143,10 @@ def check_in_sandbox(learner: str, exercise: str, source: bytes, timeout: float,
 
 
 def _exit(code: int) -> str:
-    if code < 0:
-        return f"killed by {signal.Signals(-code).name}"
-    if code > 128:
-        try:
-            return f"killed by {signal.Signals(code - 128).name}"
-        except ValueError:
-            pass
-    return f"exit code {code}"
+    try:  # bwrap exits 128 + the signal that killed the check
+        return f"killed by {signal.Signals(-code if code < 0 else code - 128).name}"
+    except ValueError:
+        return f"exit code {code}"
 
 
 def _judged(learner: str, exercise: str, data: dict, seconds: float, log: str) -> Outcome:
@@ -183,23 +157,20 @@ def _judged(learner: str, exercise: str, data: dict, seconds: float, log: str) -
     first = failed[0] if failed else next(c for c in criteria if not c[1])
     lines = [line.strip() for line in first[2].splitlines() if line.strip()]
     summary = f"{first[0]}: {lines[0] if lines else ''}"
-    if len(lines) > 1 and lines[0].endswith(":"):  # "... the end of its traceback:": the error is its last line
+    if len(lines) > 1 and lines[0].endswith(":"):  # "... its traceback:": the error is the last line
         summary += f" {lines[-1]}"
-    if any(c[2].startswith(DEADLINE) for c in failed):
-        status = TIMED_OUT
-    elif criteria and not criteria[0][1]:  # every judge's first criterion: the script ran to its end
-        status = CRASHED
-    else:
-        status = FAILED
+    # every judge's first criterion: the script ran to the end
+    status = (TIMED_OUT if any(c[2].startswith(DEADLINE) for c in failed)
+              else CRASHED if criteria and not criteria[0][1] else FAILED)
     return Outcome(learner, exercise, status, summary[:400], criteria, seconds, log=log)
 
 
-# -- The class -------------------------------------------------------------------------------------------
+# -- The class ---------------------------------------------------------------------------------
 def sandbox_problem() -> Optional[str]:
     """Why this machine cannot run the sandbox, or None."""
     if os.geteuid() != 0:
-        return ("grading runs each learner's code in a sandbox (namespaces, a uid of its own), which needs root: "
-                "run it with sudo, or in a container as root (docs/grading.md)")
+        return ("grading runs each learner's code in a sandbox (namespaces, a uid of its own), which "
+                "needs root: run it with sudo, or in a container as root (docs/grading.md)")
     return sandbox.missing()
 
 
@@ -220,21 +191,10 @@ def hidden_and_kept(submissions: Path, out: Path) -> tuple:
 
 def grade(submissions_root, out="grades", jobs: int = 1, timeout: float = 60.0,
           limits: Optional[Limits] = None) -> Dict:
-    """Check every file of every learner, and write the report; returns what was written.
+    """Check every file of every learner, ``jobs`` at once, and write the report into ``out``.
 
-    Args:
-        submissions_root: the folder of learner folders (or zips).
-        out: the folder for report.html, report.csv, results.json and the cache (made if missing).
-        jobs: checks run at once (each in its own sandbox).
-        timeout: seconds one run of a file may take (``exercises.check``'s timeout).
-        limits: what one check may use (``Limits()`` by default).
-
-    Returns:
-        ``{"outcomes": [...], "submissions": [...], "report": path, "csv": path, "seconds": total}``.
-
-    Raises:
-        LayoutError: the submissions are not laid out as expected (nothing is written then).
-        RuntimeError: this machine cannot run the sandbox.
+    Returns ``outcomes``, ``submissions``, ``report``, ``csv`` (paths) and ``seconds``. Raises
+    LayoutError (nothing written) for a layout it does not read, RuntimeError where no sandbox can run.
     """
     from ddp_tutorial.teacher.grade import report
 
@@ -245,7 +205,7 @@ def grade(submissions_root, out="grades", jobs: int = 1, timeout: float = 60.0,
     problem = sandbox_problem()
     if problem:
         raise RuntimeError(problem)
-    if out == root or str(out).startswith(str(root) + os.sep) or str(root).startswith(str(out) + os.sep):
+    if out == root or root in out.parents or out in root.parents:
         raise LayoutError(f"--out {out} and the submissions {root} must be apart")
     hide, keep = hidden_and_kept(root, out)
     out.mkdir(parents=True, exist_ok=True)
@@ -254,43 +214,33 @@ def grade(submissions_root, out="grades", jobs: int = 1, timeout: float = 60.0,
     for sub in subs:
         for line in sub.skipped:
             print(f"skipped {sub.learner}/{line}", flush=True)
+    total = sum(e in s.files and e not in s.refused for s in subs for e in NAMES)
+    print(f"grading {total} files of {len(subs)} learners, {jobs} at a time, into {out}", flush=True)
     outcomes: Dict[tuple, Outcome] = {}
-    todo = []
-    for sub in subs:
-        for exercise in NAMES:
-            if exercise in sub.refused:
-                outcomes[sub.learner, exercise] = Outcome(sub.learner, exercise, REFUSED, sub.refused[exercise])
-            elif exercise not in sub.files:
-                outcomes[sub.learner, exercise] = Outcome(sub.learner, exercise, NOT_SUBMITTED)
-            else:
-                key = cache_key(exercise, sub.files[exercise], kit, timeout, limits)
-                todo.append((sub.learner, exercise, sub.files[exercise], key))
-    total, done = len(todo), 0
-    print(f"grading {total} files of {len(subs)} learners, {jobs} at a time; results in {out}", flush=True)
-    fresh = []
-    for learner, exercise, source, key in todo:
-        hit = cache.get(learner, exercise, key)
-        if hit is not None:
-            outcomes[learner, exercise] = hit
-            done += 1
-            print(f"[{done}/{total}] {learner} · {exercise}: {_cell_text(hit)} (unchanged: from the cache)",
-                  flush=True)
+    fresh, done = [], 0
+    for sub, exercise in itertools.product(subs, NAMES):
+        learner = sub.learner
+        if exercise in sub.refused:
+            outcomes[learner, exercise] = Outcome(learner, exercise, REFUSED, sub.refused[exercise])
+        elif exercise not in sub.files:
+            outcomes[learner, exercise] = Outcome(learner, exercise, NOT_SUBMITTED)
         else:
-            fresh.append((learner, exercise, source, key))
-    slots: "queue.Queue[int]" = queue.Queue()
-    for slot in range(jobs):
-        slots.put(slot)
+            key = cache_key(exercise, sub.files[exercise], kit, timeout, limits)
+            hit = outcomes[learner, exercise] = cache.get(learner, exercise, key)
+            if hit is None:
+                fresh.append((learner, exercise, sub.files[exercise], key))
+            else:
+                done += 1
+                print(f"[{done}/{total}] {learner} · {exercise}: {_cell_text(hit)} (unchanged: from the "
+                      "cache)", flush=True)
+    slots, worker = itertools.count(), threading.local()  # a uid per worker thread: per check at once
 
     def one(item):
         learner, exercise, source, key = item
-        slot = slots.get()
-        try:
-            print(f"      checking {learner} · {exercise} ...", flush=True)
-            return item, check_in_sandbox(learner, exercise, source, timeout, UID_BASE + slot, limits, hide, keep)
-        finally:
-            slots.put(slot)
+        print(f"      checking {learner} · {exercise} ...", flush=True)
+        return item, check_in_sandbox(learner, exercise, source, timeout, worker.uid, limits, hide, keep)
 
-    pool = ThreadPoolExecutor(max_workers=jobs)
+    pool = ThreadPoolExecutor(jobs, initializer=lambda: setattr(worker, "uid", UID_BASE + next(slots)))
     try:
         futures = [pool.submit(one, item) for item in fresh]
         for future in as_completed(futures):
@@ -303,7 +253,9 @@ def grade(submissions_root, out="grades", jobs: int = 1, timeout: float = 60.0,
         pool.shutdown()
     except BaseException:  # Ctrl-C: no check starts any more, and the running ones stop now
         pool.shutdown(wait=False, cancel_futures=True)
-        stop_all_sandboxes()
+        for process in list(_RUNNING.values()):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
         raise
     finally:  # interrupted or not: what is known so far goes into the report
         ordered = [outcomes.get((s.learner, e)) or Outcome(s.learner, e, "not checked", "grading was interrupted")
@@ -311,7 +263,8 @@ def grade(submissions_root, out="grades", jobs: int = 1, timeout: float = 60.0,
         seconds = time.monotonic() - t0
         written = report.write(out, subs, ordered, seconds, {"kit": kit, "timeout": timeout, "jobs": jobs,
                                                              "limits": asdict(limits)})
-    print(report.terminal_summary(subs, ordered), flush=True)
+    print("\nper exercise:", *("  " + line for line in report.per_exercise_lines(subs, ordered)),
+          sep="\n", flush=True)
     print(f"graded {len(subs)} learners in {seconds:.0f} s: {written['html']}, {written['csv']}", flush=True)
     return {"outcomes": ordered, "submissions": subs, "report": written["html"], "csv": written["csv"],
             "seconds": seconds}

@@ -1,10 +1,8 @@
-"""Inside the sandbox, as the sandbox's uid: ``exercises.check`` one file, the result as JSON on a pipe.
+"""Inside the sandbox: ``exercises.check`` the file on stdin, the result as JSON on pipe FD.
 
     python -m ddp_tutorial.teacher.grade.checkone EXERCISE TIMEOUT FD < FILE
 
-The file's bytes come on stdin and go into ``sandbox.CHECK_DIR``. FD is a pipe to the grader,
-made close-on-exec here first, so neither the fork server nor the ranks (the learner's code)
-inherit it.
+FD is made close-on-exec first: neither the fork server nor the ranks (the learner's code) get it.
 """
 
 from __future__ import annotations

@@ -1,21 +1,18 @@
-"""A generated class, graded one check at a time and a few at once: ``python -m ddp_tutorial.bench --grade``.
-
-Each learner submits every exercise: mostly the reference solution, some the kit's
-catalogued mistakes (``tests/exercise_mistakes/``, in a clone), some the untouched
-skeleton. The class is graded once per ``--jobs`` value, each time from an empty
-cache, and the wall times are printed side by side.
-"""
+"""``python -m ddp_tutorial.bench --grade``: a generated class (solutions, the catalogued mistakes of
+``tests/exercise_mistakes/``, skeletons), graded from an empty cache once per ``--jobs`` value."""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Sequence
 
 from ddp_tutorial.teacher import grade
 from ddp_tutorial.exercises import EXERCISES, NAMES
+from ddp_tutorial.lessons.table import text_table
 
 MISTAKES_DIR = grade.KIT_ROOT / "tests" / "exercise_mistakes"
 
@@ -50,19 +47,14 @@ def run(learners: int = 30, jobs: Sequence[int] = (1, 2), timeout: float = 60.0)
         for n in jobs:
             t0 = time.monotonic()
             result = grade.grade(root / "class", root / f"grades-{n}", jobs=n, timeout=timeout)
-            statuses: Dict[str, int] = {}
-            for outcome in result["outcomes"]:
-                statuses[outcome.status] = statuses.get(outcome.status, 0) + 1
             rows.append({"jobs": n, "seconds": time.monotonic() - t0, "checks": learners * len(NAMES),
-                         "statuses": statuses})
+                         "statuses": Counter(o.status for o in result["outcomes"])})
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return rows
 
 
 def format_rows(rows: List[Dict]) -> str:
-    lines = ["jobs  wall time   per check  statuses"]
-    for row in rows:
-        lines.append(f"{row['jobs']:>4}  {row['seconds']:>7.0f} s  {row['seconds'] / row['checks']:>7.1f} s  "
-                     + ", ".join(f"{k}: {v}" for k, v in sorted(row["statuses"].items())))
-    return "\n".join(lines)
+    return text_table(["jobs", "wall s", "s per check", "statuses"], [
+        (r["jobs"], f"{r['seconds']:.0f}", f"{r['seconds'] / r['checks']:.1f}",
+         ", ".join(f"{k}: {v}" for k, v in sorted(r["statuses"].items()))) for r in rows])

@@ -1,8 +1,5 @@
-"""What one check may use (``Limits``), what it gave (``Outcome``), and the cache of outcomes.
-
-The cache (``<out>/.cache``) is keyed by the file's bytes, the settings and ``kit_version()``, a hash
-of the package's sources: a second run checks only what is new or changed.
-"""
+"""What one check may use (``Limits``), what it gave (``Outcome``), and the cache of outcomes, keyed
+by the file, the settings and ``kit_version()``: a second run checks only what is new or changed."""
 
 from __future__ import annotations
 
@@ -21,9 +18,8 @@ PASSED, FAILED, CRASHED, TIMED_OUT, NOT_SUBMITTED, REFUSED = (
 
 @dataclass
 class Limits:
-    """What one check may use. Per process: memory (RLIMIT_AS: ``memory_bytes`` beyond the address space
-    importing torch maps, ``torch_address_space()``), file size, CPU; per check: processes (RLIMIT_NPROC
-    of the sandbox's own uid), the writable /tmp and /dev/shm (tmpfs sizes)."""
+    """What one check may use: per process memory (RLIMIT_AS beyond what importing torch maps), file
+    size, CPU; per check processes (its uid's RLIMIT_NPROC), /tmp and /dev/shm, output."""
 
     memory_bytes: int = 4 << 30
     processes: int = 512
@@ -49,7 +45,7 @@ class Outcome:
 
 
 def kit_version() -> str:
-    """A hash of every source file of the package: a changed judge, harness or launcher re-checks everything."""
+    """A hash of the package's sources: a changed judge, harness or launcher re-checks everything."""
     digest = hashlib.sha256()
     for path in sorted(PACKAGE_ROOT.rglob("*.py")):
         digest.update(str(path.relative_to(PACKAGE_ROOT)).encode() + b"\0" + path.read_bytes())

@@ -1,8 +1,6 @@
-"""The grader's outputs: report.html (the table, a section per learner, what the class got wrong),
-report.csv (one row per learner, one column per exercise), results.json, and the terminal summary.
+"""The grader's outputs: report.html, report.csv (a row per learner), results.json, the summary.
 
-Everything a learner's file can influence (its messages, its name) is escaped: the report runs
-no script and loads nothing (a Content-Security-Policy says so to the browser).
+What a learner's file can influence is escaped: the page runs no script and loads nothing (CSP).
 """
 
 from __future__ import annotations
@@ -41,21 +39,14 @@ def cell(outcome) -> str:
     return cell_text_safe(outcome.status + (f": {outcome.summary}" if failed else ""))
 
 
-def mistakes_by_exercise(outcomes) -> Dict[str, Counter]:
-    """exercise -> Counter of what went wrong: the first failed criterion's name (or the status)."""
-    found: Dict[str, Counter] = defaultdict(Counter)
-    for o in outcomes:
-        if o.status in ("failed", "crashed", "timed out"):
-            first = o.summary.split(":")[0] if o.status == "failed" else o.status
-            found[o.exercise][first] += 1
-    return found
-
-
 def per_exercise_lines(subs, outcomes) -> List[str]:
-    """One line per exercise a teacher reads in class: "sampler: 18 of 30 pass; 9 of 30 fail 'set_epoch' ..."."""
+    """One line per exercise, for the class: "sampler: 18 of 30 pass; 9 of 30 fail: set_epoch ..."."""
     lines = []
     learners = len(subs)
-    wrong = mistakes_by_exercise(outcomes)
+    wrong: Dict[str, Counter] = defaultdict(Counter)  # the first failed criterion, or the status
+    for o in outcomes:
+        if o.status in ("failed", "crashed", "timed out"):
+            wrong[o.exercise][o.summary.split(":")[0] if o.status == "failed" else o.status] += 1
     for exercise in NAMES:
         mine = [o for o in outcomes if o.exercise == exercise]
         passed = sum(o.status == "passed" for o in mine)
@@ -67,10 +58,6 @@ def per_exercise_lines(subs, outcomes) -> List[str]:
             parts.append(f"{missing} not submitted")
         lines.append(f"{exercise}: " + "; ".join(parts))
     return lines
-
-
-def terminal_summary(subs, outcomes) -> str:
-    return "\n".join(["", "per exercise:"] + ["  " + line for line in per_exercise_lines(subs, outcomes)])
 
 
 def _id(learner: str) -> str:

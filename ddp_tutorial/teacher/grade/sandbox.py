@@ -1,13 +1,10 @@
 """The command that checks one learner's file in a sandbox of its own: bubblewrap, prlimit, setpriv.
 
-``bwrap`` (Debian's bubblewrap, run as root) gives the check its own PID, mount, network and IPC
-namespaces: everything read-only (``--ro-bind / /``), the folders to hide covered by empty read-only
-tmpfs with only the paths the check needs bound back, and a fresh size-limited /tmp and /dev/shm.
-Inside, ``prlimit`` sets the limits and ``setpriv`` drops to the sandbox's uid with no
-capabilities and ``no_new_privs``; then ``checkone`` writes the file (from stdin) into
-``CHECK_DIR`` and checks it.
-When ``checkone`` ends, bwrap (pid 1 there) exits and the kernel kills whatever is left in the PID
-namespace; ``--die-with-parent`` takes the sandbox down if the grader is killed.
+``bwrap`` (as root) gives the check its own PID, mount, network and IPC namespaces: everything
+read-only, the hidden folders covered by empty tmpfs with what the check needs bound back, a fresh
+/tmp and /dev/shm. ``prlimit`` sets the limits, ``setpriv`` drops to the sandbox's uid without
+capabilities. When ``checkone`` ends, bwrap (pid 1 there) exits and the kernel kills the rest;
+``--die-with-parent`` takes the sandbox down with the grader.
 """
 
 from __future__ import annotations
@@ -62,11 +59,8 @@ def _mounts(hide: Sequence[str], keep: Sequence[str], tmp_bytes: int, shm_bytes:
 
 def command(exercise: str, timeout: float, uid: int, result_fd: int, limits: Dict[str, int],
             hide: Sequence[str], keep: Sequence[str]) -> List[str]:
-    """The argv that runs ``checkone`` in a fresh sandbox; the file's bytes go to its stdin.
-
-    ``limits``: ``memory_bytes``, ``processes``, ``file_bytes``, ``cpu_seconds`` (per process, the
-    processes for the uid), ``tmp_bytes`` and ``shm_bytes`` (the sizes of /tmp and /dev/shm).
-    """
+    """The argv that runs ``checkone`` in a fresh sandbox (the file's bytes on its stdin), with
+    ``limits`` as in ``Limits``."""
     return [shutil.which("bwrap"), "--die-with-parent", "--new-session", "--unshare-pid",
             "--unshare-net", "--unshare-ipc",
             *_mounts(hide, keep, limits["tmp_bytes"], limits["shm_bytes"]), "--chdir", "/tmp",

@@ -1,8 +1,5 @@
-"""The kit's sbatch script (one torchrun agent per node), as notebook 08 shows it.
-
-A local two-node cluster to submit it to, and a small job of it there, are the maintainer's tool:
-``python -m ddp_tutorial.maintainer.slurm start|demo|stop``.
-"""
+"""The kit's sbatch script, as notebook 08 shows it (a local cluster to run it on:
+``python -m ddp_tutorial.maintainer.slurm start|demo|stop``)."""
 
 from __future__ import annotations
 

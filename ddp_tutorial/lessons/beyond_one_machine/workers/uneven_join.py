@@ -1,24 +1,13 @@
 """Uneven inputs: rank r trains on ``--batches + r * --extra`` batches, with or without Join.
 
-Without Join the rank that runs out of data first moves on to the final
-barrier, while a rank with more data waits in its next gradient all-reduce
-for a partner that never comes: the job hangs until the process-group
-timeout (``--pg-timeout``) or the launcher's deadline stops it. With
-``torch.distributed.algorithms.Join`` a finished rank keeps answering those
-all-reduces with zero gradients ("shadow" all-reduces) until every rank is
-done, then DDP copies the last rank's parameters to all, so they end identical.
+    torchrun --standalone --nproc-per-node 2 \
+        ddp_tutorial/lessons/beyond_one_machine/workers/uneven_join.py --no-join --pg-timeout 10
 
-    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/beyond_one_machine/workers/uneven_join.py --join
-    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/beyond_one_machine/workers/uneven_join.py --no-join --pg-timeout 10
-
-From a notebook::
-
-    run = ddp_tutorial.launch(ddp_tutorial.scripts_path("uneven_join.py"), 2, ["--join"])
-    run.result(0, "batches"), run.result(0, "param_checksum")
-
-Each rank writes one ``step`` record per batch, reports ``reached_barrier``
-when it has run out of data, and at the end its batch count, its parameters
-and their checksum.
+Without Join the rank that runs out of data goes on to the final barrier while the others wait
+in their next all-reduce until the timeout. With ``Join`` a finished rank answers those
+all-reduces with zeros until every rank is done, and the ranks end with identical parameters.
+Each rank writes a ``step`` record per batch and results ``reached_barrier``, ``batches``,
+``params`` and ``param_checksum``.
 """
 
 import argparse
@@ -81,14 +70,16 @@ def main(argv=None) -> None:
         with Join([model]) if args.join else contextlib.nullcontext():
             train(model, batches, rank, metrics)
         # One writer for steps and results (a second writer would truncate the file).
-        metrics.write({"kind": "result", "rank": rank, "reached_barrier": True, "batches": num_batches})
+        metrics.write({"kind": "result", "rank": rank, "reached_barrier": True,
+                       "batches": num_batches})
         print(f"rank {rank}: out of data after {num_batches} batches, waiting for the others",
               flush=True)
         dist.barrier()  # without Join, a rank with more batches never gets here
         params = torch.cat([p.detach().flatten() for p in model.parameters()])
+        checksum = float(params.double().sum())
         metrics.write({"kind": "result", "rank": rank, "params": params.tolist(),
-                       "param_checksum": float(params.double().sum()), "join": args.join})
-        print(f"rank {rank}: done, parameter checksum {float(params.double().sum()):.6f}", flush=True)
+                       "param_checksum": checksum, "join": args.join})
+        print(f"rank {rank}: done, parameter checksum {checksum:.6f}", flush=True)
         metrics.close()
     finally:
         dist.destroy_process_group()

@@ -1,5 +1,4 @@
-"""The lab's models and batches (rank code): the toy model of tied, frozen and fixed parameters, a model
-with a branch only some inputs take, a model with a buffer, and the seeded batches every part trains on."""
+"""The lab's models and seeded batches (rank code), shared with exercise "my_ddp"'s harness."""
 
 import torch
 import torch.nn as nn
@@ -9,8 +8,8 @@ from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import generator
 
 
 class ToyModel(nn.Module):
-    """The cases a first DDP gets wrong: fc3 shares fc2's weight (tied), fc2's bias is frozen, and
-    ``fixed`` is a parameter with requires_grad=False. 6 trainable tensors, 2,132 bytes."""
+    """What a first DDP gets wrong: fc3 shares fc2's weight, fc2's bias is frozen, ``fixed`` has
+    requires_grad=False. 6 trainable tensors, 2,132 bytes."""
 
     def __init__(self):
         super().__init__()
@@ -51,19 +50,23 @@ class ScaleModel(nn.Module):
         return self.lin(x) * self.scale
 
 
-def toy_model(seed):
+def seeded(cls, seed):
+    """``cls()`` with its parameters drawn from ``seed``."""
     torch.manual_seed(seed)
-    return ToyModel()
+    return cls()
+
+
+def sgd(model, lr=0.1):
+    return torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
+
+
+def flat(model):
+    return [float(v) for p in model.parameters() for v in p.detach().reshape(-1)]
 
 
 def batch(seed, step, rows, d_in, d_out):
     g = generator(seed, step)
     return torch.randn(rows, d_in, generator=g), torch.randn(rows, d_out, generator=g)
-
-
-def branch_model(seed):
-    torch.manual_seed(seed)
-    return BranchModel()
 
 
 def branch_batch(seed, step, rank, rows):

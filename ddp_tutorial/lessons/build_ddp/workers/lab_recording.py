@@ -1,6 +1,5 @@
-"""What the lab records on a rank: every all-reduce and broadcast (bytes, launch, completion), the buckets
-torch's DDP hands its comm hook, and when backward made each gradient; and stderr silenced while a
-measurement makes torch warn from C++."""
+"""What the lab records on a rank: each all-reduce and broadcast, the buckets torch's DDP hands its
+comm hook, and when backward made each gradient."""
 
 import contextlib
 import os
@@ -13,8 +12,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 class Collectives:
-    """Every dist.all_reduce and dist.broadcast made while recording: bytes, launch and completion times
-    (perf_counter, this rank's clock; an async one completes when its future does, seen from gloo's thread)."""
+    """Every dist.all_reduce and dist.broadcast made while recording: bytes, launch and completion
+    (perf_counter; an async one completes when its future does, seen from gloo's thread)."""
 
     def __init__(self):
         self.calls, self.recording = [], False
@@ -51,8 +50,8 @@ log = Collectives()
 
 
 class BucketLog:
-    """A comm hook's state: each bucket DDP hands to its hook, in launch order (its index, the names of its
-    parameters, its bytes), then the all-reduce of ``allreduce_hook``."""
+    """A comm hook's state: each bucket DDP hands its hook (index, parameter names, bytes), then
+    ``allreduce_hook``'s all-reduce."""
 
     def __init__(self, group, names):
         self.group, self.names, self.launched = group, names, []
@@ -69,11 +68,9 @@ class BucketLog:
 
 
 def ddp(model, group=None, hook=True, **kwargs):
-    """torch's DDP. With ``hook`` its all-reduces go through Python, ``allreduce_hook`` (a sum of the bucket
-    divided by W), so the log sees them and ``.bucket_log`` records each bucket; without, DDP's default C++
-    path, which multiplies each gradient by 1/W while copying it into its bucket (reducer.cpp
-    ``mark_variable_ready_dense``: ``at::mul_out(bucket_view, grad, 1/div_factor_)``, only when no comm hook
-    is registered). x * (1/3) and x / 3 round differently in float32; with W = 2 or 4 both are exact."""
+    """torch's DDP. With ``hook``, ``allreduce_hook`` (sum, then / W) in Python: the log sees it and
+    ``.bucket_log`` each bucket. Without, the C++ path multiplies by 1/W into the bucket (reducer.cpp
+    ``mark_variable_ready_dense``: ``at::mul_out(bucket_view, grad, 1/div_factor_)``)."""
     names = {id(p): n for n, p in model.named_parameters()}
     wrapped = DDP(model, process_group=group, **kwargs)
     if hook:
@@ -83,12 +80,9 @@ def ddp(model, group=None, hook=True, **kwargs):
 
 
 def readiness(model, ready):
-    """Append (perf_counter, name) to ``ready`` when backward has computed each trainable parameter's gradient.
-
-    A tensor hook (``register_hook``) on a leaf runs before its gradient is accumulated, so before any
-    post-accumulate-grad hook and before DDP's reducer hook (a post hook of the same AccumulateGrad node):
-    the time does not depend on who registered first, and a launch made inside a version's hook for the
-    last gradient comes after the last gradient's time, not before it."""
+    """Append (perf_counter, name) to ``ready`` when backward has computed each trainable gradient:
+    a leaf's tensor hook runs before its gradient is accumulated, so before any post-accumulate-grad
+    hook and DDP's reducer hook (a post hook of the same AccumulateGrad node)."""
     for name, p in model.named_parameters():
         if p.requires_grad:
             p.register_hook(lambda grad, name=name: ready.append((time.perf_counter(), name)))
@@ -96,9 +90,8 @@ def readiness(model, ready):
 
 @contextlib.contextmanager
 def quiet_stderr():
-    """Silence this process's stderr (file descriptor 2) for a while: the reducer warns from C++, straight to it,
-    that find_unused_parameters=True found no unused parameter, which is this measurement's point. An exception
-    still propagates, and is printed once stderr is back."""
+    """Silence file descriptor 2: the reducer warns from C++ that find_unused_parameters=True found
+    no unused parameter, which is this measurement's point."""
     sys.stderr.flush()
     saved = os.dup(2)
     try:

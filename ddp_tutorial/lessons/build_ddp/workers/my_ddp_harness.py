@@ -1,40 +1,20 @@
-"""The harness of exercise "my_ddp": the learner's ``MyDDP`` class against torch's DDP, measured on this rank.
+"""The harness of exercise "my_ddp": the learner's ``MyDDP`` beside torch's DDP, on this rank.
 
     python rank/bootstrap.py my_ddp_harness.py my_ddp SCRIPT
 
-Loads SCRIPT as a module (its ``MyDDP``), joins the group ``launch`` set up, and
-runs, beside ``DistributedDataParallel`` (on a group of its own, so that its
-collectives never meet the class's) on the same model and batches:
-
-- ``construct``: the model built from this rank's own seed, then wrapped: the
-  digests of its parameters and of its buffer (both must become rank 0's), the broadcasts made;
-- ``train`` for each cap of ``CAP_BYTES``: ``STEPS`` SGD steps; every all-reduce
-  the class launches (its size; which tensor: a gradient, a parameter's data, or
-  another; how many gradients backward had produced when it was launched and when
-  it was waited for; whether its tensor changed between launch and wait), the
-  step-0 gradients against DDP's and against this rank's own, the final parameters and DDP's;
-- ``no_sync``: ``K`` micro-batches, the first K-1 inside ``no_sync()``;
-- ``unused``: a model with a parameter no forward uses: whether the class raised,
-  or else its parameters against ``DDP(find_unused_parameters=True)``.
-
-Readiness is measured independently of the class's hooks: the harness registers a
-tensor hook on each parameter *before* the class is built, and a leaf's tensor hooks
-run in registration order before its post-accumulate-grad hooks, so the harness
-has counted a gradient as produced before any hook of the class sees it
-(``torch/_tensor.py``: ``Tensor.register_hook`` and ``register_post_accumulate_grad_hook``).
-An all-reduce launched once every gradient is produced (in the last gradient's hook,
-or after backward) overlaps nothing.
-
-Each collective is reported the moment it is called (``launch``), once the ranks have compared
-their calls through the store (``Watch`` and ``Lockstep``, in ``my_ddp_watch.py``): a collective
-that only some ranks call (``mismatch``) stops the run at once, named, instead of at gloo's timeout.
-Errors are reported (``error``) and then raised: the rank fails as the learner's code did.
+Reports ``construct`` (a model built from this rank's seed, wrapped), ``train`` per cap of
+``CAP_BYTES`` (each all-reduce the class made, how far backward was at its launch and wait; the
+gradients and parameters against DDP's and this rank's own), ``no_sync``, ``unused`` (a parameter
+no forward uses), each collective as it is called (``launch``) and ``mismatch`` where the ranks'
+collectives part (``my_ddp_watch.py``). DDP runs on a group of its own: its collectives never meet
+the class's. Readiness is a tensor hook registered before the class is built: a leaf's tensor
+hooks run before its post-accumulate-grad hooks (``torch/_tensor.py``: ``register_hook``,
+``register_post_accumulate_grad_hook``). Errors are reported, then raised.
 """
 
 from __future__ import annotations
 
 import datetime
-import hashlib
 import os
 import runpy
 import statistics
@@ -48,23 +28,22 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_tutorial.lessons.build_ddp.workers.my_ddp_watch import Lockstep, Watch, summary
 from ddp_tutorial.lessons.build_ddp.workers import lab_models
+from ddp_tutorial.lessons.build_ddp.workers.lab_models import flat, seeded, sgd
+from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import digest
 from ddp_tutorial.rank import bootstrap
 from ddp_tutorial.runfolder import report
 
 # This module runs the learner's code for the rank: its frames are not the script's.
 globals()[bootstrap.RUNS_THE_SCRIPT] = True
 
-#: Bucket caps in bytes (handed to the class as bucket_cap_mb = bytes / 2**20). The toy model's trainable
-#: gradients are 640, 64, 1024, 64, 320 and 20 bytes (2,132 in all): 1 MiB holds them all; 900 and 500 bytes
-#: cut them into 2-4 buckets whichever order and rule fills them, never 1 and never 6 (one per parameter).
-#: No partial sum lies within 6% of a cap, so a cap read as 10**6 bytes per MB cuts the same buckets.
+#: Bucket caps in bytes (bucket_cap_mb = bytes / 2**20): 1 MiB holds the toy model's 2,132 trainable
+#: bytes; 900 and 500 cut them into 2-4 buckets whatever the order and rule, never 1 or 6 (one each).
 CAP_BYTES = (2**20, 900, 500)
-STEPS, K, LR, ROWS = 3, 3, 0.1, 4
+STEPS, K, ROWS = 3, 3, 4
 
 
 class ToyModel(lab_models.ToyModel):
-    """Notebook 11's toy model (tied, frozen and fixed parameters) and a buffer, ``shift``, drawn
-    from the seed like the parameters: it differs per rank until broadcast."""
+    """Notebook 11's toy model and a buffer, ``shift``, drawn from the seed: it differs per rank."""
 
     def __init__(self):
         super().__init__()
@@ -75,16 +54,11 @@ class ToyModel(lab_models.ToyModel):
 
 
 class UnusedToyModel(ToyModel):
-    """The toy model with one more trainable parameter, ``spare``, that no forward uses: it gets no gradient."""
+    """The toy model with a trainable parameter, ``spare``, that no forward uses."""
 
     def __init__(self):
         super().__init__()
         self.spare = nn.Parameter(torch.randn(4))
-
-
-def toy(seed: int, cls=ToyModel) -> ToyModel:
-    torch.manual_seed(seed)
-    return cls()
 
 
 def rank_batch(step: int, rank: int, world_size: int):
@@ -93,27 +67,14 @@ def rank_batch(step: int, rank: int, world_size: int):
     return x[rank * ROWS:(rank + 1) * ROWS], y[rank * ROWS:(rank + 1) * ROWS]
 
 
-def digest(tensors) -> str:
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-def flat(model) -> list:
-    return [float(v) for p in model.parameters() for v in p.detach().reshape(-1)]
-
-
 def trainable(model) -> list:
     return [p for p in model.parameters() if p.requires_grad]
 
 
 def grad_ratio(mine, ddp) -> float:
     """How the class's averaged gradients compare with DDP's: 1 right, W not divided, 1/W divided twice."""
-    ratios = []
-    for a, b in zip(mine, ddp):
-        if a is not None and b is not None and float((b * b).sum()) > 0:
-            ratios.append(float((a * b).sum() / (b * b).sum()))
+    ratios = [float((a * b).sum() / (b * b).sum()) for a, b in zip(mine, ddp)
+              if a is not None and b is not None and float((b * b).sum()) > 0]
     return statistics.median(ratios) if ratios else float("nan")
 
 
@@ -122,30 +83,21 @@ def max_gap(mine, other) -> float:
     return max(gaps) if gaps else float("nan")
 
 
-def sgd(model):
-    return torch.optim.SGD(trainable(model), lr=LR)
-
-
 def grads(model):
     return [None if p.grad is None else p.grad.detach().clone() for p in trainable(model)]
 
 
 def beside_ddp(MyDDP, watch, lockstep, ref_group, name, cls=ToyModel, ddp_kwargs=None, **kwargs):
-    """The toy model (``cls``) in MyDDP, and torch's DDP on another copy, each with its SGD;
-    readiness watched from before the class is built (``watch_readiness``)."""
-    model, reference = toy(0, cls), DDP(toy(0, cls), process_group=ref_group, **(ddp_kwargs or {}))
-    watch_readiness(model, watch)
+    """The toy model (``cls``) in MyDDP, and torch's DDP on another copy, each with its SGD; each
+    gradient counted as produced by a tensor hook registered before the class's hooks."""
+    model, reference = seeded(cls, 0), DDP(seeded(cls, 0), process_group=ref_group, **(ddp_kwargs or {}))
+    watch.params = list(model.parameters())
+    for p in trainable(model):
+        p.register_hook(lambda grad, key=id(p): watch.produced.add(key))
     with lockstep.segment(name):
         wrapped = MyDDP(model, **kwargs)
     watch.take()
     return model, reference, wrapped, sgd(model), sgd(reference)
-
-
-def watch_readiness(model, watch):
-    """Before the class hooks anything: a tensor hook per trainable parameter, counting produced gradients."""
-    watch.params = list(model.parameters())
-    for p in trainable(model):
-        p.register_hook(watch.produced_hook(p))
 
 
 def one_step(wrapped, watch, lockstep, name, x, y, scale=1.0, finish=True):
@@ -163,7 +115,7 @@ def one_step(wrapped, watch, lockstep, name, x, y, scale=1.0, finish=True):
 
 
 def case_construct(MyDDP, watch, lockstep, rank):
-    model = toy(seed=rank)  # every rank starts different: the class must make them equal
+    model = seeded(ToyModel, rank)  # every rank starts different: the class must make them equal
     watch.params = list(model.parameters())
     registered = []
     original = torch.Tensor.register_post_accumulate_grad_hook
@@ -180,7 +132,7 @@ def case_construct(MyDDP, watch, lockstep, rank):
         torch.Tensor.register_post_accumulate_grad_hook = original
     calls = watch.take()
     hooked = sum(bool(getattr(p, "_post_accumulate_grad_hooks", None)) for p in model.parameters())
-    rank0 = toy(0)
+    rank0 = seeded(ToyModel, 0)
     own = {t.data_ptr() for t in [*model.parameters(), *model.buffers()]}
     on_module = sum(c["op"] == "broadcast" and "tensor" in c and c["tensor"].data_ptr() in own for c in calls)
     report({"event": "construct", "broadcasts_on_module": on_module, "after": digest(model.parameters()), "rank0": digest(rank0.parameters()),
@@ -192,7 +144,7 @@ def case_construct(MyDDP, watch, lockstep, rank):
 
 
 def case_train(MyDDP, watch, lockstep, ref_group, rank, world_size, cap):
-    local = toy(0)
+    local = seeded(ToyModel, 0)
     model, reference, wrapped, opt, ref_opt = beside_ddp(
         MyDDP, watch, lockstep, ref_group, f"construction (cap {cap} bytes)",
         bucket_cap_mb=cap / 2**20)
@@ -206,8 +158,7 @@ def case_train(MyDDP, watch, lockstep, ref_group, rank, world_size, cap):
         if step == 0:
             F.mse_loss(local(x), y).backward()  # this rank's own gradient: what an unsynchronised class leaves
             ratio = grad_ratio(grads(model), grads(reference.module))
-            gaps = {"to_ddp": max_gap(grads(model), grads(reference.module)),
-                    "to_local": max_gap(grads(model), grads(local)),
+            gaps = {"to_local": max_gap(grads(model), grads(local)),
                     "to_local_over_w": max_gap(grads(model), [g / world_size for g in grads(local)]),
                     "local_to_ddp": max_gap(grads(local), grads(reference.module))}
         opt.step()

@@ -7,24 +7,21 @@ MyDDP(module, bucket_cap_mb=25.0) wraps a module so that, used like this on ever
     model.finish_gradient_synchronization()
     optimizer.step()
 
-every rank takes the same step as torch's DistributedDataParallel would:
+every rank takes the step torch's DistributedDataParallel would:
 
 1. at construction, every rank gets rank 0's parameters and buffers;
 2. the gradients are averaged over the ranks (all-reduced, divided by the world size);
 3. the all-reduces start during backward, from hooks (p.register_post_accumulate_grad_hook), with
-   async_op=True, one per bucket, and finish_gradient_synchronization() waits for them. Buckets take the
-   trainable parameters in one fixed order (the same on every rank), and a new bucket starts when the
-   next gradient would pass bucket_cap_mb. (Torch's DDP closes a bucket once it reaches or passes the
-   cap, so its buckets can exceed it; the check accepts either rule.)
+   async_op=True, one per bucket; finish_gradient_synchronization() waits for them. Buckets take the
+   trainable parameters in one fixed order, the same on every rank; a new bucket starts when the
+   next gradient would pass bucket_cap_mb (DDP's rule, closing a bucket once it reaches the cap,
+   passes too);
 4. inside `with model.no_sync():` nothing is all-reduced: gradients accumulate locally.
 
-Tied weights (one tensor used twice), frozen parameters, parameters with requires_grad=False and
-buffers must work. A trainable parameter that no forward uses gets no gradient, so its bucket never
-completes: finish_gradient_synchronization() must then raise an error (torch's DDP raises too; averaging
-the rest and leaving its p.grad None, as DDP(find_unused_parameters=True) does, passes as well), never
-return with gradients left un-averaged. The check imports this file and uses the class; then, in the notebook:
-
-    exercises.check("my_ddp")
+Tied weights, frozen parameters and buffers must work. A trainable parameter no forward uses gets
+no gradient: finish_gradient_synchronization() must then raise (as torch's DDP does; averaging the
+rest as DDP(find_unused_parameters=True) does passes too), never leave gradients un-averaged.
+Then, in the notebook: exercises.check("my_ddp")
 """
 
 import contextlib

@@ -1,16 +1,8 @@
 """Exercise "my_ddp", solved: broadcast at construction, gradients in buckets all-reduced from hooks.
 
-Buckets are filled in reverse registration order, and a new bucket starts when the next gradient would
-pass the cap (torch's DDP closes a bucket once it reaches or passes the cap instead, so its buckets can
-exceed it: ``compute_bucket_assignment_by_size`` in reducer.cpp; the check accepts either rule).
-
-A trainable parameter that gets no gradient in a backward (no forward used it) leaves its bucket
-unlaunched: finish_gradient_synchronization() raises, naming it, as torch's DDP raises "Expected to have
-finished reduction in the prior iteration" at the next forward (``Reducer::ensure_prior_reduction_finished``).
-Without the error the other gradients of that bucket would stay un-averaged and the ranks drift apart.
-
-A failed all-reduce (a peer gone, gloo's timeout) raises from ``handle.wait()``: this rank never steps
-on its own gradients.
+Buckets: reverse registration order, a new one when the next gradient would pass the cap. A
+parameter that got no gradient leaves its bucket unlaunched: finish_gradient_synchronization()
+raises, as torch's DDP raises at the next forward (``Reducer::ensure_prior_reduction_finished``).
 """
 
 import contextlib

@@ -1,7 +1,5 @@
 """What exercise "my_ddp"'s harness sees of the learner's collectives: ``Lockstep`` compares the
-ranks' calls one by one, ``Watch`` records each call (its size, which tensor, how far backward had
-got when it was launched and when waited for), ``summary`` turns one step's calls into the numbers
-the judge reads."""
+ranks' calls, ``Watch`` records each, ``summary`` gives one step's numbers to the judge."""
 
 from __future__ import annotations
 
@@ -26,13 +24,9 @@ class MismatchedCollectives(RuntimeError):
 
 
 class Lockstep:
-    """The ranks' collectives compared through the store (never through the group, where a
-    mismatched collective is stuck), segment by segment (a construction, a step).
-
-    Before each collective, and at the segment's end, every rank posts its calls so far (with the
-    one it is about to make) and reads its peers': where they differ, each rank reports ``mismatch``
-    and raises ``MismatchedCollectives`` before the call, so a collective only some ranks call stops
-    the run at once, named, instead of at gloo's timeout."""
+    """The ranks' collectives compared through the store (the group may be stuck), per segment:
+    before each collective and at the segment's end every rank posts its calls and reads its
+    peers'; where they differ it reports ``mismatch`` and raises, instead of at gloo's timeout."""
 
     def __init__(self, store, rank: int, world_size: int):
         self.store, self.rank, self.world_size = store, rank, world_size
@@ -49,8 +43,7 @@ class Lockstep:
             self.name = None
 
     def compare(self, call) -> None:
-        """Post this rank's calls with ``call`` (None: the segment's end), wait for every peer's
-        at this point (the store's timeout, the group's, is the backstop); raise where they differ."""
+        """Post this rank's calls with ``call`` (None: the segment's end), wait for the peers'."""
         at, mine = len(self.calls), self.calls + ([call] if call else [])
         keys = [f"my_ddp_lockstep/{self.index}/{at}/{r}" for r in range(self.world_size)]
         self.store.set(keys[self.rank], json.dumps(mine))
@@ -64,18 +57,16 @@ class Lockstep:
 
 
 class Watch:
-    """Every collective of the learner's class on the default group, while a segment runs; the Work of each
-    async one is torch's own, watched by patching ``Work.wait`` and ``Work.get_future`` on the class."""
+    """Every collective of the learner's class on the default group while a segment runs; an async
+    one's Work is torch's own, watched through ``Work.wait`` and ``Work.get_future``."""
 
     def __init__(self, lockstep: Lockstep):
         self.lockstep = lockstep
         self.calls, self.params, self.produced = [], [], set()
         self.in_backward = False
         self.pending = {}  # id(work) -> (work, record): kept alive, so an id is never reused within a step
-        self._originals = {}
         for op in COLLECTIVES:
             if hasattr(dist, op):
-                self._originals[op] = getattr(dist, op)
                 setattr(dist, op, self._observed(op, getattr(dist, op)))
         work = dist.Work
         self._wait, self._get_future = work.wait, work.get_future
@@ -103,11 +94,6 @@ class Watch:
         if any(p.grad is not None and p.grad.data_ptr() == ptr for p in self.params):
             return "grad"
         return "other"
-
-    def produced_hook(self, p):
-        def hook(grad):
-            self.produced.add(id(p))
-        return hook
 
     def _observed(self, op, collective):
         signature = inspect.signature(collective)

@@ -1,26 +1,7 @@
-"""DistributedDataParallel built by hand, one idea at a time (rank code; notebook 11 shows each class).
-
-Every version wraps a module, starts every rank from rank 0's weights, and
-after ``loss.backward()`` needs one call, ``finish_gradient_synchronization()``,
-before ``optimizer.step()``; then every rank holds the gradient averaged over
-the group. They differ in how and when they all-reduce:
-
-    NaiveDDP        one blocking all_reduce per gradient, after backward
-    FlatDDP         one blocking all_reduce of every gradient in one flat tensor, after backward
-    OverlapDDP      one async all_reduce per gradient, launched by a hook the moment it is ready
-    BucketDDP       gradients grouped into buckets (reverse registration order, each bucket at most
-                    the cap); a bucket's async all_reduce starts when its last gradient arrives
-
-torch's DDP differs (torch 2.13, ``nn/parallel/distributed.py`` and ``reducer.cpp``): its first
-iteration uses one bucket of every parameter in registration order; then it rebuilds the buckets
-in the order the gradients arrived, each closing once it reaches the cap (so it can pass it);
-it launches a bucket only after every earlier one; it multiplies each gradient by 1/W while
-copying it into its bucket; it broadcasts buffers before every forward; and ``no_sync`` is
-decided by the forward. Notebook 11 measures each of these.
-
-``SimulatedGpuKernel`` is a layer whose backward waits without using the CPU (its autograd
-function is ``_WaitLikeAGpu``), the way a CPU thread waits for a GPU kernel: it makes overlap
-visible on a 2-core machine where compute and gloo's threads would otherwise share the cores.
+"""DistributedDataParallel built by hand, one idea at a time (rank code; notebook 11 shows each
+class). Each starts every rank from rank 0's weights and needs ``finish_gradient_synchronization()``
+between backward and the step. ``SimulatedGpuKernel``'s backward waits without using the CPU, as a
+CPU thread waits for a GPU kernel: it makes overlap visible on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -83,9 +64,8 @@ class OverlapDDP(NaiveDDP):
                 p.register_post_accumulate_grad_hook(self._launch)
 
     def _launch(self, p):
-        # Decided here, in backward: a backward run inside no_sync() skips its all-reduce whatever the forward
-        # did. torch's DDP decides in forward (distributed.py reads require_backward_grad_sync in _pre_forward
-        # and _post_forward): for it, the forward's side of the `with` counts.
+        # Decided in backward; torch's DDP decides in forward (distributed.py _pre_forward and
+        # _post_forward read require_backward_grad_sync).
         if self.sync:
             p.grad.div_(dist.get_world_size(self.group))  # before the launch: never touch it after
             self.handles.append(dist.all_reduce(p.grad, group=self.group, async_op=True))
@@ -109,11 +89,7 @@ class BucketDDP(OverlapDDP):
     """Gradients in buckets in reverse registration order (the order backward usually produces them),
     a new bucket started when the next gradient would pass ``bucket_cap_mb`` (so a bucket holds at
     most the cap, unless one gradient alone is bigger); a bucket is all-reduced, flat, once its last
-    gradient is in, as soon as it is ready (torch's DDP waits for every earlier bucket first).
-
-    torch's DDP fills its buckets the other way (reducer.cpp ``compute_bucket_assignment_by_size``: a
-    bucket closes once ``bucket.size >= bucket_size_limit``, so it can pass the cap), in registration
-    order in one bucket for the first iteration, then in the order the gradients arrived."""
+    gradient is in, as soon as it is ready (torch's DDP waits for every earlier bucket first)."""
 
     def __init__(self, module, bucket_cap_mb=25.0, group=None):
         NaiveDDP.__init__(self, module, group)
@@ -149,10 +125,9 @@ class BucketDDP(OverlapDDP):
             work.get_future().add_done_callback(functools.partial(_pass_on, flat=flat, to=self.reduced[i]))
 
     def finish_gradient_synchronization(self):
-        # Every bucket must be reduced before the step; a failed all-reduce raises here (_pass_on).
-        # A bucket whose gradient never came was never launched: its Future is never completed, and
-        # waiting for it waits for ever (DDP's find_unused_parameters=True marks such parameters
-        # ready instead).
+        # A failed all-reduce raises here (_pass_on). A bucket whose gradient never came was never
+        # launched: waiting for its Future waits for ever (find_unused_parameters=True marks such
+        # parameters ready instead).
         for bucket, reduced in zip(self.buckets, self.reduced):
             flat = reduced.wait()
             for p, part in zip(bucket, flat.split([q.numel() for q in bucket])):
@@ -161,9 +136,8 @@ class BucketDDP(OverlapDDP):
 
 
 def _pass_on(fut, flat, to):
-    """Complete ``to`` as the all-reduce ended: with the reduced ``flat``, or with its error. A failed
-    collective (a peer that never joins: gloo's timeout) must raise in finish_gradient_synchronization,
-    not hand the optimizer this rank's own gradient."""
+    """Complete ``to`` with the reduced ``flat``, or with the all-reduce's error (gloo's timeout):
+    finish_gradient_synchronization then raises, never steps on this rank's own gradient."""
     try:
         fut.wait()  # re-raises the collective's error
     except Exception as exc:  # noqa: BLE001  handed on whole, to be raised where the step waits

@@ -1,1 +1,1 @@
-"""Worker scripts of lessons 01-02; each runs on the ranks (``launch`` or torchrun), never in the kernel."""
+"""Worker scripts of lessons 01-02: they run on the ranks (``launch``, torchrun), not the kernel."""

@@ -2,26 +2,10 @@
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/init_wrap/workers/wrap_demo.py
 
-Three measurements in one run, each handed back with ``report`` under a ``part`` key:
-
-- ``broadcast``: each rank seeds with ``seed + rank``, so its fresh model differs;
-  it reports a checksum and a SHA-256 digest of its parameters before and after
-  ``DDP(model)``.
-- ``gradient``: each rank runs backward through DDP on its own micro-batch; rank 0
-  rebuilds every rank's batch from the shared seed and runs one plain
-  (non-DDP) backward on their concatenation, and reports the largest difference
-  (``max_abs_diff``) next to the difference from its purely local gradient.
-- ``buckets``: for the tutorial model, and for a deeper model with DDP's default
-  buckets and under each ``--bucket-caps`` value, DDP's bucket sizes (bytes) and
-  the all-reduces one backward performs, counted by ``timing.SyncTimer``.
-
-It always runs on CPU with gloo: the lesson is what DDP computes, not how fast.
-
-Flags:
-    --seed S            base seed (default 0)
-    --batch-size B      micro-batch per rank (default 8)
-    --bucket-caps MB..  bucket_cap_mb values to try (default 25 1 0.5 0.25 0.1)
-    --iterations N      backward passes per bucket cap (default 3; buckets are rebuilt after the first)
+Three reports, by ``part``: ``broadcast`` (each rank's parameter digest before and after
+``DDP(model)``, from a different seed per rank), ``gradient`` (rank 0: DDP's gradient against one
+process on every rank's batch) and ``buckets`` (bucket sizes and all-reduces per backward, for
+the tutorial model and a deeper one under each ``--bucket-caps``). CPU and gloo only.
 """
 
 import argparse
@@ -45,7 +29,7 @@ def parse_args():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--bucket-caps", type=float, nargs="+", default=[25.0, 1.0, 0.5, 0.25, 0.1])
-    p.add_argument("--iterations", type=int, default=3)
+    p.add_argument("--iterations", type=int, default=3)  # buckets are rebuilt after the first
     return p.parse_args()
 
 
@@ -78,8 +62,9 @@ def broadcast_and_gradient(args, rank: int, world_size: int) -> None:
     model = train.Model()
     before = {"checksum": param_checksum(model), "digest": param_digest(model)}
     ddp = DDP(model)  # broadcasts rank 0's parameters (and buffers) to every rank
-    report({"part": "broadcast", "checksum_before": before["checksum"], "digest_before": before["digest"],
-            "checksum_after": param_checksum(model), "digest_after": param_digest(model)})
+    report({"part": "broadcast", "checksum_before": before["checksum"],
+            "digest_before": before["digest"], "checksum_after": param_checksum(model),
+            "digest_after": param_digest(model)})
     print(f"rank {rank}: parameter checksum {before['checksum']:.6f} before DDP(model), "
           f"{param_checksum(model):.6f} after", flush=True)
 
@@ -88,8 +73,7 @@ def broadcast_and_gradient(args, rank: int, world_size: int) -> None:
     x, y = rank_batch(args.seed, rank, args.batch_size)
     loss_fn(ddp(x), y).backward()  # DDP averages the gradient over ranks in here
     ddp_grad = flat_grad(ddp.module)
-    record = {"part": "gradient", "grad_checksum": float(ddp_grad.double().sum()),
-              "grad_norm": float(ddp_grad.norm())}
+    record = {"part": "gradient", "grad_checksum": float(ddp_grad.double().sum())}
     if rank == 0:
         # One process, the whole global batch: the mean loss over all W*b samples.
         batches = [rank_batch(args.seed, r, args.batch_size) for r in range(world_size)]
@@ -99,12 +83,10 @@ def broadcast_and_gradient(args, rank: int, world_size: int) -> None:
         reference.zero_grad()
         loss_fn(reference(x), y).backward()  # rank 0's own micro-batch only, no averaging
         local_grad = flat_grad(reference)
-        record.update({
-            "max_abs_diff": float((ddp_grad - single_grad).abs().max()),
-            "local_max_abs_diff": float((local_grad - single_grad).abs().max()),
-            "single_grad_norm": float(single_grad.norm()),
-            "allclose": bool(torch.allclose(ddp_grad, single_grad, rtol=1e-5, atol=1e-6)),
-        })
+        close = torch.allclose(ddp_grad, single_grad, rtol=1e-5, atol=1e-6)
+        record.update({"max_abs_diff": float((ddp_grad - single_grad).abs().max()),
+                       "local_max_abs_diff": float((local_grad - single_grad).abs().max()),
+                       "allclose": bool(close)})
         print(f"rank 0: max |DDP grad - single-process grad| = {record['max_abs_diff']:.2e}; "
               f"local-only grad differs by {record['local_max_abs_diff']:.2e}", flush=True)
     report(record)
@@ -119,7 +101,7 @@ def deep_model(width: int = 256, depth: int = 8) -> nn.Module:
 
 
 def count_allreduces(model: nn.Module, bucket_cap_mb, args, rank: int) -> dict:
-    """Wrap ``model`` with ``bucket_cap_mb`` (None: DDP's default), run a few backward passes, count all-reduces."""
+    """Wrap ``model`` with ``bucket_cap_mb`` (None: DDP's default); all-reduces per backward."""
     torch.manual_seed(args.seed)
     # bucket_cap_mb=None is DDP's own default, which is not the same as 25: the first
     # bucket is then capped at dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB), the rest at 25 MiB.
@@ -134,7 +116,7 @@ def count_allreduces(model: nn.Module, bucket_cap_mb, args, rank: int) -> dict:
         calls.append(timer.calls)
         ddp.zero_grad(set_to_none=True)
     params = sum(p.numel() for p in model.parameters())
-    return {"bucket_cap_mb": bucket_cap_mb, "param_bytes": params * 4, "num_params": params,
+    return {"bucket_cap_mb": bucket_cap_mb, "param_bytes": params * 4,
             "allreduces_per_step": calls, "bucket_sizes": bucket_sizes(ddp, "bucket_sizes"),
             "rebuilt_bucket_sizes": bucket_sizes(ddp, "rebuilt_bucket_sizes")}
 

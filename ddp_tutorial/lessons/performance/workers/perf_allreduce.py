@@ -1,12 +1,7 @@
 """Time ``dist.all_reduce`` over a sweep of tensor sizes, and a memcpy of the same sizes for scale.
 
-    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('perf_allreduce.py'), 2)"
-
-Each size: a few warm-up calls, then 5 rounds of calls that start together after a barrier,
-each call timed on its own. ``seconds`` is the lower quartile of all calls (notebook 07 says
-why): noise only ever adds time, and a whole-loop minimum rarely escapes every interruption on
-a busy machine. Rank 0 reports ``sweep`` (a dict per size), ``memcpy_Bps`` (the ceiling: one
-copy of the largest size), ``memcpy_by_size`` (the copy rate at every size), and on CUDA
+Each size: ``ROUNDS`` rounds of calls that start together, each call timed on its own;
+``seconds`` is the lower quartile of all calls (notebook 07 says why). On CUDA also
 ``cuda_sweep``, timed with CUDA events on the GPU's own clock.
 """
 
@@ -50,7 +45,7 @@ def cuda_event_round(tensor, iters: int) -> float:
 
 
 def memcpy_bandwidth(nbytes: int, device) -> float:
-    """Bytes/s of copying one tensor into another, best of 5: the ceiling no all-reduce beats."""
+    """Bytes/s of copying one tensor into another, best of 5: a ceiling for an all-reduce."""
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.zeros_like(src)  # zeros, not empty: the first write would count page faults
     return nbytes / min(timed_calls(lambda: dst.copy_(src), 5, device))

@@ -1,11 +1,11 @@
-"""Measure what DDP itself costs, in one process group: buckets, overlap, accumulation, our timing.
+"""Measure what DDP itself costs, in one process group: buckets, overlap, accumulation, our timing,
+where the gradients live.
 
-    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('perf_ddp.py'), 2, ['--quick'])"
-
-The model is a deep, narrow MLP: many small parameter tensors, as the DDP paper uses to show
-why gradients are bucketed. Rank 0 reports each section (``measure_<section>``) under its own
-key: ``buckets``, ``overlap`` (whose way without communication gives ``compute``, seconds per
-sample), ``accumulation``, ``overhead`` (of the kit's hooks) and ``fidelity`` (of SyncTimer).
+The model is a deep, narrow MLP: many small tensors, as the DDP paper uses to show why gradients
+are bucketed. Rank 0 reports each section (``measure_<section>``) under its name, and
+``compute`` (seconds per sample, from the overlap's way without communication). One launch, as
+each rank's first ``DDP(...)`` imports ``torch._dynamo`` (distributed.py ``__init__``:
+``torch._dynamo.utils.get_optimize_ddp_mode``).
 """
 
 import argparse
@@ -28,9 +28,8 @@ from ddp_tutorial.train import (init_process_group, loss_fn, make_dataset, make_
                                 start_epoch, teardown, train_epoch)
 
 
-# -- What the sections share --------------------------------------------------------------------
 def deep_model(width: int, depth: int) -> nn.Sequential:
-    """10 -> width -> ... -> 20, ``depth`` hidden layers of width x width: two tensors each."""
+    """10 -> width -> ... -> 20, ``depth`` hidden layers of width x width."""
     layers = [nn.Linear(10, width), nn.ReLU()]
     for _ in range(depth):
         layers += [nn.Linear(width, width), nn.ReLU()]
@@ -38,13 +37,13 @@ def deep_model(width: int, depth: int) -> nn.Sequential:
 
 
 def sync_device(device) -> None:
-    """Wait for the GPU, so a wall-clock reading includes its work (no-op on CPU)."""
+    """Wait for the GPU, so a wall-clock reading includes its work."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 class StepLog(list):
-    """The step records of ``instrument.Instrument``, in memory (it needs only ``write``)."""
+    """``Instrument``'s step records, in memory."""
 
     def write(self, record):
         if record["kind"] == "step":
@@ -52,7 +51,7 @@ class StepLog(list):
 
 
 def one_epoch(env, batch_size: int, micro_steps: int):
-    """Step 3 for an epoch of exactly ``micro_steps`` micro-batches per rank: the loader."""
+    """The loader of an epoch of exactly ``micro_steps`` micro-batches per rank."""
     dataset = make_dataset(make_inputs(env.world_size * batch_size * micro_steps, 0), 0)
     loader, sampler = make_loader(dataset, env, batch_size, 0)
     start_epoch(sampler, 0)
@@ -61,9 +60,8 @@ def one_epoch(env, batch_size: int, micro_steps: int):
 
 def run_epoch(model, env, batch_size: int, accum_steps: int, micro_steps: int,
               straggler_ms: float = 0.0) -> tuple:
-    """One epoch of ``micro_steps`` micro-batches per rank through the kit's real step 4 and its
-    hooks (each micro-step first sleeps 0..``straggler_ms`` ms): the wall seconds, the gradient
-    bytes this rank all-reduced (the sync timer counts them), the step records."""
+    """An epoch of ``micro_steps`` through the kit's ``train_epoch`` and hooks (straggler sleeps
+    0..``straggler_ms`` ms): wall seconds, gradient bytes all-reduced, the step records."""
     loader = one_epoch(env, batch_size, micro_steps)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     log = StepLog()
@@ -77,16 +75,15 @@ def run_epoch(model, env, batch_size: int, accum_steps: int, micro_steps: int,
 
 
 def batches(env, batch_size: int, count: int, seed: int = 0):
-    """``count`` random (input, target) micro-batches on this rank's device, different per rank."""
+    """``count`` random (input, target) micro-batches on this rank's device, per rank."""
     g = torch.Generator().manual_seed(seed + env.rank)
     return [(torch.randn(batch_size, 10, generator=g).to(env.device),
              torch.randn(batch_size, 20, generator=g).to(env.device)) for _ in range(count)]
 
 
 def timed_steps(model, data, after_backward=None) -> dict:
-    """One step per micro-batch (forward, backward, ``after_backward``, SGD step), the medians:
-    ``step_s``, ``backward_s`` (under DDP: until its last all-reduce is done) and ``cpu_s``
-    (CPU seconds of the whole process per step: every thread, gloo's included)."""
+    """A step per micro-batch, the medians: ``step_s``, ``backward_s`` (under DDP until its last
+    all-reduce is done), ``cpu_s`` (CPU time of every thread, gloo's included)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     device = data[0][0].device
     rows = []
@@ -109,14 +106,13 @@ def timed_steps(model, data, after_backward=None) -> dict:
 
 
 def medians(rows) -> dict:
-    """The median of each key over a list of dicts of numbers."""
+    """The median of each key over a list of dicts."""
     return {key: statistics.median(r[key] for r in rows) for key in rows[0]}
 
 
-# -- Sections ------------------------------------------------------------------------------------
 def measure_buckets(new_model, env, caps_mb, batch_size: int, steps: int, rounds: int) -> list:
-    """For each ``bucket_cap_mb``: all-reduce calls per step (SyncTimer counts them), the times:
-    the caps take turns round by round on the same data, medians of ``rounds * steps`` steps."""
+    """Per ``bucket_cap_mb``: all-reduce calls per step and the median times, the caps taking
+    turns round by round on the same data."""
     data = batches(env, batch_size, steps, seed=1)
     models = {}
     for cap in caps_mb:
@@ -135,7 +131,7 @@ def measure_buckets(new_model, env, caps_mb, batch_size: int, steps: int, rounds
 
 
 def allreduce_each_gradient(model) -> None:
-    """By hand, after backward: one all-reduce per parameter, then average."""
+    """By hand, after backward: one all-reduce per parameter."""
     world_size = dist.get_world_size()
     for p in model.parameters():
         dist.all_reduce(p.grad)
@@ -161,9 +157,8 @@ def record_launch(launches: list, bucket):
 
 
 def launches_during_backward(model, env, batch_size: int, steps: int = 3) -> dict:
-    """How many of DDP ``model``'s all-reduces start before backward computed its last gradient,
-    the first layer's (a tensor hook on its weight marks that moment): on the last of ``steps``
-    steps, as DDP rebuilds its buckets after the first one."""
+    """How many all-reduces start before backward computed its last gradient (the first layer's
+    weight's), on the last of ``steps`` steps (DDP rebuilds its buckets after the first)."""
     launches, last_gradient = [], []
     model.register_comm_hook(launches, record_launch)
     first_weight = next(model.module.parameters())
@@ -178,9 +173,8 @@ def launches_during_backward(model, env, batch_size: int, steps: int = 3) -> dic
 
 def measure_overlap(new_model, env, bucket_cap_mb: float, batch_size: int, steps: int,
                     rounds: int) -> dict:
-    """Four ways on the same data, taking turns round by round: DDP (several buckets, overlapped
-    with backward), an all-reduce per gradient or one flat all-reduce after backward, and no
-    communication (the compute alone); wall and CPU time per step."""
+    """Wall and CPU time per step of four ways, taking turns on the same data: DDP, an all-reduce
+    per gradient or one flat one after backward, no communication (the compute alone)."""
     data = batches(env, batch_size, steps, seed=2)
     ddp, plain = DDP(new_model(), bucket_cap_mb=bucket_cap_mb), new_model()
     ways = {"ddp": (ddp, None), "per_gradient": (plain, allreduce_each_gradient),
@@ -227,12 +221,8 @@ def measure_accumulation(new_model, env, ks, straggler_ms_list, batch_size: int,
 
 
 def split_sync(records) -> tuple:
-    """(transfer, wait) seconds of an epoch's syncs, from every rank's sync times (notebook 07).
-
-    The smallest sync time over the ranks is the transfer, the largest minus the smallest the
-    wait. Transfer: the fastest optimizer step's (the all-reduce is the same every step; a busy
-    machine only ever adds time). Wait: the median over optimizer steps.
-    """
+    """(transfer, wait) of an epoch's syncs over the ranks (notebook 07): the fastest step's
+    smallest sync time (a busy machine only adds time); the median of largest minus smallest."""
     every_rank = [None] * dist.get_world_size()
     dist.all_gather_object(every_rank, [r["sync_s"] for r in records if r["optimizer_step"]])
     per_step = list(zip(*every_rank))
@@ -241,10 +231,8 @@ def split_sync(records) -> tuple:
 
 
 def measure_overhead(new_model, env, batch_size: int, steps: int, run_dir: str) -> dict:
-    """Step 4 with the kit's hooks (SyncTimer + a JSON line per step) vs without: one micro-step
-    of ``train.train_epoch`` each, taking turns (the order flips every pair), so a slow spell of
-    a shared machine hits both alike; the medians of ``steps`` steps, which a few descheduled
-    steps cannot move."""
+    """``train_epoch``'s micro-step with the kit's hooks (SyncTimer, a JSON line per step) vs
+    without, taking turns so a slow spell hits both alike: the medians of ``steps`` steps."""
     loader = one_epoch(env, batch_size, 1)  # an "epoch" of exactly one micro-step
     metrics = MetricsWriter(os.path.join(run_dir, "instrumented"), env.rank)
     variants, times = {}, {"plain": [], "timed": []}
@@ -269,8 +257,8 @@ def measure_overhead(new_model, env, batch_size: int, steps: int, run_dir: str) 
 
 
 def measure_fidelity(new_model, env, batch_size: int) -> dict:
-    """SyncTimer vs DDP's logger on the same iterations. The logger records the backward of sync
-    iterations 1..10 (then every 100th), each when the next forward starts: after 11 steps, 0..9."""
+    """SyncTimer vs DDP's logger on the same iterations: the logger records sync iterations 1..10
+    (reducer.hpp should_collect_runtime_stats), each at the next forward: after 11 steps, 0..9."""
     model = DDP(new_model(), bucket_cap_mb=0.05)
     log = run_epoch(model, env, batch_size, 1, 11)[-1]
     ours = statistics.mean(r["sync_s"] for r in log[:10])
@@ -279,15 +267,67 @@ def measure_fidelity(new_model, env, batch_size: int) -> dict:
             "ratio": ours / ddp_s if ddp_s > 0 else float("nan")}
 
 
+def record_bucket(storages: dict, bucket):
+    """A comm hook: DDP's default all-reduce, and the bucket's storage recorded."""
+    storage = bucket.buffer().untyped_storage()
+    storages[storage.data_ptr()] = storage.nbytes()
+    return default_hooks.allreduce_hook(None, bucket)
+
+
+def where_grads_live(model, storages: dict) -> dict:
+    """The storages behind the ``.grad`` tensors, and their bytes inside the buckets."""
+    grads = [p.grad for p in model.parameters()]
+    return {"grad_storages": len({g.untyped_storage().data_ptr() for g in grads}),
+            "buckets": len(storages),
+            "grad_bytes": sum(g.numel() * g.element_size() for g in grads),
+            "bucket_bytes": sum(storages.values()),
+            "grad_bytes_inside_buckets": sum(g.numel() * g.element_size() for g in grads
+                                             if g.untyped_storage().data_ptr() in storages)}
+
+
+def measure_grad_view(env, steps: int) -> list:
+    """Where DDP keeps the gradients: an MLP wrapped with and without ``gradient_as_bucket_view``,
+    each with ``zero_grad(set_to_none=...)`` both ways; the median step of the settings taking
+    turns step by step, and where the ``.grad`` tensors live after a backward."""
+    x, y = torch.randn(32, 10, device=env.device), torch.randn(32, 20, device=env.device)
+    runs = {}
+    for view, set_to_none in [(False, True), (True, True), (False, False), (True, False)]:
+        torch.manual_seed(0)
+        model = DDP(deep_model(width=256, depth=7).to(env.device), gradient_as_bucket_view=view)
+        storages = {}
+        model.register_comm_hook(storages, record_bucket)
+        runs[view, set_to_none] = (model, storages, torch.optim.SGD(model.parameters(), lr=1e-3))
+    times = {setting: [] for setting in runs}
+    for i in range(steps + 3):  # taking turns, so load hits them alike
+        for (view, set_to_none), (model, _, optimizer) in runs.items():
+            t0 = time.perf_counter()
+            nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=set_to_none)
+            sync_device(env.device)
+            if i >= 3:  # the first steps build and rebuild the buckets
+                times[view, set_to_none].append(time.perf_counter() - t0)
+    rows = []
+    for (view, set_to_none), (model, storages, _) in runs.items():
+        storages.clear()  # only this backward's buckets (the first one had a single bucket)
+        nn.functional.mse_loss(model(x), y).backward()  # leave .grad in place to inspect it
+        rows.append({"gradient_as_bucket_view": view, "set_to_none": set_to_none,
+                     "step_s": statistics.median(times[view, set_to_none]),
+                     **where_grads_live(model, storages)})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps and settings")
     parser.add_argument("--sections", nargs="*", help="the sections to run (default: all)")
     parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    parser.add_argument("--steps", type=int, help="steps per setting (default: 8 quick, else 30)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     quick = args.quick
-    steps, rounds, stragglers = (8, 2, [0.0]) if quick else (30, 5, [0.0, 5.0])
+    rounds, stragglers = (2, [0.0]) if quick else (5, [0.0, 5.0])
+    steps = args.steps or (8 if quick else 30)
     caps = [0.001, 0.02, 0.05, 25] if quick else [0.0005, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 25]
     env = init_process_group(args.backend)
     try:
@@ -305,6 +345,7 @@ def main() -> None:
             "overhead": lambda: measure_overhead(new_model, env, 16, 30 if quick else 300,
                                                  rank_run_dir("runs/manual")),
             "fidelity": lambda: measure_fidelity(new_model, env, 32),
+            "grad_view": lambda: measure_grad_view(env, steps),
         }
         measured = {name: run() for name, run in sections.items()
                     if name in (args.sections or sections)}

@@ -1,10 +1,8 @@
 """The cross-check: a bare ``dist.all_reduce`` loop on one 16 MB tensor, nothing of the kit in it.
 
     torchrun --standalone --nproc-per-node 2 perf_plain_allreduce.py
-    python -c "import ddp_tutorial as d; d.launch(d.scripts_path('perf_plain_allreduce.py'), 2)"
 
-Prints (and, under ``launch``, reports as ``seconds``) the time of one all-reduce: the mean
-over a loop of 4 calls, from the fastest of 5 loops.
+Prints (under ``launch`` also reports) the mean time of one call, from the fastest of 5 loops.
 """
 
 import os

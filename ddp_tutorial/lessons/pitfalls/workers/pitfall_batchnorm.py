@@ -2,29 +2,13 @@
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_batchnorm.py
 
-The model is Linear -> BatchNorm1d -> ReLU -> Linear. Every rank starts from the
-same seed and trains ``--steps`` SGD steps on its shard of the same global
-batches. One ``report`` per part and rank:
-
-- ``reference`` (rank 0): one plain process on each whole global batch: the
-  statistics every rank should end with.
-- ``no_sync``: plain BatchNorm, buffers not synchronised (``forward_sync_buffers=False``;
-  ``broadcast_buffers=False`` before torch 2.13): each rank's running statistics
-  come from its own shard only.
-- ``broadcast``: plain BatchNorm, DDP's default: at the start of every forward
-  DDP copies rank 0's buffers to every rank. ``forward_start_means`` are the
-  running means the BatchNorm layer sees as its forward starts, ``own_ema`` what
-  the running mean would be from this rank's own batches alone.
-- ``allreduce``: ``AllReduceBatchNorm1d``: the batch statistics of the global
-  batch, from one all-reduce of (count, sum, sum of squares) per forward.
-- ``syncbn``: ``nn.SyncBatchNorm.convert_sync_batchnorm``. It refuses CPU
-  tensors (``errors``: DDP's and the layer's own); with ``--device cuda`` (nccl, one GPU per rank) it trains.
-- ``env``: the torch version, the GPUs this rank sees, DDP's buffer-sync keyword.
-
-Each training part reports the final ``running_mean``, ``running_var``,
-``params`` and ``eval_out`` (the model in eval mode on a fixed validation batch).
-
-Flags: ``--steps 6 --batch-size 8 --lr 0.1 --seed 0 --device cpu`` (``cuda``: nccl, one GPU per rank).
+Linear -> BatchNorm1d -> ReLU -> Linear, the same init on every rank, ``--steps`` SGD steps on
+each rank's shard. Parts: ``reference`` (rank 0: one process on each whole global batch);
+``no_sync`` (buffers not synchronised); ``broadcast`` (DDP's default: rank 0's buffers at every
+forward; ``forward_start_means``, ``own_ema``); ``allreduce`` (the global batch's statistics,
+one all-reduce per forward); ``syncbn`` (refused on CPU: ``errors``; trains with ``--device
+cuda``); ``env``. Each trained part reports ``running_mean``, ``running_var``, ``params`` and
+``eval_out``.
 """
 
 import argparse
@@ -52,11 +36,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 class AllReduceSum(torch.autograd.Function):
-    """Sum over ranks in forward; sum the gradients over ranks in backward.
-
-    Every rank's loss depends on every rank's contribution to the sum, so the
-    gradient of a contribution is the sum of all ranks' gradients of the result.
-    """
+    """Sum over ranks in forward and backward: every rank's loss depends on every contribution."""
 
     @staticmethod
     def forward(ctx, t):
@@ -72,11 +52,8 @@ class AllReduceSum(torch.autograd.Function):
 
 
 def global_batch_stats(x: torch.Tensor):
-    """Mean, biased variance and sample count of ``x`` over the global batch: one all-reduce.
-
-    Each rank contributes (count, sum, sum of squares) of its own rows; their
-    sums over ranks give the statistics of all rows together.
-    """
+    """Mean, biased variance and count of ``x`` over the global batch: one all-reduce of each
+    rank's (count, sum, sum of squares)."""
     local = torch.cat([x.new_tensor([x.shape[0]]), x.sum(0), (x * x).sum(0)])
     total = AllReduceSum.apply(local)
     channels = x.shape[1]
@@ -111,8 +88,8 @@ def buffer_sync(flag: bool) -> dict:
 
 
 def train_part(model, args, rank: int, world_size: int, device, sharded: bool = True) -> dict:
-    """Train ``--steps`` SGD steps, a DDP ``model`` on this rank's shard (``sharded``) or a plain
-    one on the whole global batch; return the final statistics, parameters and eval outputs."""
+    """``--steps`` SGD steps on this rank's shard (or, not ``sharded``, the global batch); return
+    the final statistics, parameters and eval outputs."""
     inner = model.module if isinstance(model, DDP) else model
     bn = inner[1]
     starts, batch_means = [], []
@@ -145,14 +122,15 @@ def train_part(model, args, rank: int, world_size: int, device, sharded: bool = 
 
 
 def body(args, rank: int, world_size: int) -> None:
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if args.device == "cuda" \
-        else torch.device("cpu")
-    ids = [device.index] if device.type == "cuda" else None
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    ids = [device.index] if cuda else None
     report({"part": "env", "torch": torch.__version__, "cuda_devices": torch.cuda.device_count(),
             "buffer_sync_keyword": next(iter(buffer_sync(True))), "device": args.device})
     if rank == 0:
-        report({"part": "reference", **train_part(make_model(args.seed).to(device), args, rank, world_size,
-                                                  device, sharded=False)})
+        plain = make_model(args.seed).to(device)  # one process on the whole global batch
+        report({"part": "reference",
+                **train_part(plain, args, rank, world_size, device, sharded=False)})
     variants = {
         "no_sync": (make_model(args.seed), buffer_sync(False)),
         "broadcast": (make_model(args.seed), {}),  # DDP's default: rank 0's buffers, every forward
@@ -172,7 +150,8 @@ def body(args, rank: int, world_size: int) -> None:
         report({"part": "syncbn", "device": args.device, "errors": errors})
     else:
         ddp = DDP(sync, device_ids=ids)
-        report({"part": "syncbn", "device": args.device, **train_part(ddp, args, rank, world_size, device)})
+        report({"part": "syncbn", "device": args.device,
+                **train_part(ddp, args, rank, world_size, device)})
 
 
 if __name__ == "__main__":

@@ -2,18 +2,9 @@
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_checkpoint.py
 
-Every rank trains a DDP model a few steps, then (files in the run folder):
-
-- ``wrong``: rank 0 saves ``ddp.state_dict()`` and loads it into a plain model:
-  every key carries DDP's ``module.`` prefix, so ``load_state_dict`` refuses.
-  Reported: the saved keys, the error's first line, the missing and unexpected counts.
-- ``rescue``: the same file after ``consume_prefix_in_state_dict_if_present``.
-- ``right``: rank 0 alone saves the unwrapped ``ddp.module.state_dict()``, every
-  rank meets at a barrier, then every rank loads it with ``map_location`` set to
-  its own device. Reported per rank: who wrote, whether the loaded parameters
-  are bit-identical to the live ones, and the device each tensor was saved from.
-
-Flags: ``--steps 3 --seed 0``.
+Parts: ``wrong`` (``ddp.state_dict()`` into a plain model: the ``module.`` prefix is refused);
+``rescue`` (``consume_prefix_in_state_dict_if_present``); ``right`` (rank 0 saves
+``ddp.module.state_dict()``, a barrier, every rank loads with ``map_location``).
 """
 
 import os
@@ -48,7 +39,7 @@ def save_checkpoint(ddp: DDP, path: str, rank: int) -> bool:
 
 
 def load_checkpoint(path: str, device: torch.device) -> nn.Module:
-    """Every rank loads onto its own device (without map_location, onto the device it was saved from)."""
+    """Every rank loads onto its own device (without map_location: the device it was saved from)."""
     model = make_model().to(device)
     model.load_state_dict(torch.load(path, map_location=device, weights_only=True))
     return model

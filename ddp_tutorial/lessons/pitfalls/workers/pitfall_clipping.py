@@ -2,21 +2,10 @@
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_clipping.py
 
-Every rank trains two DDP models with K = ``--accum-steps`` micro-steps per
-optimizer step (``no_sync`` on the first K - 1) and ``clip_grad_norm_(max_norm)``:
-
-- ``right``: clip once, after the last micro-step's backward (its all-reduce
-  has averaged the accumulated gradient), right before ``optimizer.step()``;
-- ``wrong``: clip after every micro-step's backward, so K - 1 of the clips act
-  inside the ``no_sync`` window, on this rank's partial, local gradient.
-
-Rank 0 also trains one plain process on each whole global batch (W*b*K samples)
-and clips its gradient once: what both should equal. Each rank reports per
-variant, after each optimizer step, the largest parameter difference from that
-process (``max_diff``, rank 0), the gradient norms its clips saw (``norms``),
-and a digest of its parameters (ranks agree in both variants).
-
-Flags: ``--steps 4 --accum-steps 4 --batch-size 4 --max-norm 0.1 --lr 0.5 --seed 0``.
+Two DDP models, K = ``--accum-steps`` micro-steps per step (``no_sync`` on K - 1): ``right``
+clips once before ``optimizer.step()``; ``wrong`` clips after every micro-step, on local
+gradients. Each reports per step rank 0's ``max_diff`` from one process on the global batch
+(clipped once), the ``norms`` its clips saw, and a parameter ``digest``.
 """
 
 import contextlib

@@ -1,21 +1,8 @@
 """What the pitfall scripts (``pitfall_*.py``) share: the group's life, seeded data, digests.
 
-Every pitfall script is a plain worker: it reads RANK and WORLD_SIZE from the
-environment (``launch`` or torchrun set them), joins a gloo group, runs its
-parts, hands each part's measurements back with ``runfolder.report`` under its
-``pitfall`` name and a ``part`` key, and leaves the group. Every script also takes
-``--pg-timeout 60``: seconds a collective may wait for the other ranks::
-
-    report = reporter("name")
-
-    def body(args, rank, world_size):
-        ...
-        report({"part": "fix", ...})
-
-    if __name__ == "__main__":
-        sys.exit(run(body, parser()))
-
-``pitfall_lab.py`` runs the ``body`` of several scripts in one process group.
+Each script defines ``parser()`` and ``body(args, rank, world_size)``, reports each part with
+``reporter(name)`` and ends with ``sys.exit(run(body, parser()))``; ``pitfall_lab.py`` runs the
+``body`` of several scripts in one process group.
 """
 
 from __future__ import annotations
@@ -32,9 +19,9 @@ import torch.distributed as dist
 from ddp_tutorial import runfolder
 
 
-def run(body: Callable, parser: argparse.ArgumentParser, backend: str = "gloo") -> int:
-    """Parse the flags (``parser``'s, and ``--pg-timeout``), join the group (``backend``, or nccl
-    with ``--device cuda``), run ``body(args, rank, world_size)``, always leave the group."""
+def run(body: Callable, parser: argparse.ArgumentParser) -> int:
+    """Parse the flags (and ``--pg-timeout``), join the group (nccl with ``--device cuda``), run
+    ``body(args, rank, world_size)``, always leave the group."""
     parser.add_argument("--pg-timeout", type=float, default=60.0,
                         help="seconds a collective may wait for the other ranks")
     args = parser.parse_args()
@@ -42,8 +29,8 @@ def run(body: Callable, parser: argparse.ArgumentParser, backend: str = "gloo") 
         raise SystemExit(f"{parser.prog}: start me with ddp_tutorial.launch or torchrun "
                          "(RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT must be set)")
     torch.set_num_threads(1)  # ranks share a small machine's cores
-    if getattr(args, "device", "cpu") == "cuda":
-        backend = "nccl"
+    backend = "nccl" if getattr(args, "device", "cpu") == "cuda" else "gloo"
+    if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     # A short timeout turns a lost rank into an error instead of a 30-minute wait.
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.pg_timeout))
@@ -63,14 +50,11 @@ def reporter(pitfall: str) -> Callable[[dict], None]:
 
 
 def flags(doc: str, **defaults) -> argparse.ArgumentParser:
-    """A script's parser: ``--seed`` (default 0) and one flag per keyword, typed like its default.
-
-    ``flags(__doc__, batch_size=8)`` accepts ``--seed S --batch-size B``; the
-    script's docstring says what each flag means.
-    """
+    """A parser: ``--seed`` (0) and one flag per keyword (``batch_size=8``: ``--batch-size``)."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     for name, default in {"seed": 0, **defaults}.items():
-        p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+        p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
+                       help=f"default: {default}")
     return p
 
 
@@ -80,11 +64,7 @@ def generator(seed: int, step: int = 0) -> torch.Generator:
 
 
 def regression_batch(seed: int, step: int, rows: int, d_in: int):
-    """``rows`` inputs and targets of a fixed nonlinear teacher; the same on every rank.
-
-    A rank takes its shard with ``shard(x, rank, world_size)``; one process
-    training on the whole batch is the reference DDP must equal.
-    """
+    """``rows`` inputs and targets of a fixed nonlinear teacher, the same on every rank."""
     g = generator(seed, step)
     x = torch.randn(rows, d_in, generator=g) * 1.5 + 0.5  # off-centre: BatchNorm has work to do
     w = torch.randn(d_in, 1, generator=generator(seed, -1))  # the teacher: one for every step

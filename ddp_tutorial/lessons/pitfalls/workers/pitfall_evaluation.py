@@ -2,20 +2,10 @@
 
     torchrun --standalone --nproc-per-node 4 ddp_tutorial/lessons/pitfalls/workers/pitfall_evaluation.py
 
-A fixed classifier is evaluated on validation sets of each ``--sizes`` value.
-When the world size does not divide the size, ``DistributedSampler`` pads the
-shards with repeats of the first samples, so some samples count twice. Per
-size, every rank reports its shard (``indices``, ``padded``: which positions are
-repeats) and its own accuracy, and the all-reduced results of three ways to
-combine them:
-
-- ``mean_of_means``: the mean over ranks of each rank's accuracy;
-- ``padded_counts``: all-reduce (correct, seen) over every sample the rank saw;
-- ``real_counts``: all-reduce (correct, seen) over the real samples only (the fix).
-
-Rank 0 also reports ``true``: the accuracy of one process on the whole set.
-
-Flags: ``--sizes 10 [more sizes] --seed 0``.
+A fixed classifier on validation sets of each ``--sizes``; the sampler pads uneven shards with
+repeats. Per size every rank reports its shard and accuracy, and three all-reduced answers:
+``mean_of_means``, ``padded_counts`` (every slot) and ``real_counts`` (the fix); rank 0 also
+``true``, one process on the whole set.
 """
 
 import argparse

@@ -1,26 +1,14 @@
 """Pitfall 8: a collective that cannot complete, made to fail loudly and say where.
 
-    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_hang.py --case mismatch
-    TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --standalone --nproc-per-node 2 \\
-        ddp_tutorial/lessons/pitfalls/workers/pitfall_hang.py --case mismatch
-    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_hang.py --case missing --monitored
+    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_hang.py \
+        --case mismatch            # with TORCH_DISTRIBUTED_DEBUG=DETAIL too
+    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_hang.py \
+        --case missing --monitored
 
-Both cases fail on purpose; run them under a deadline (``launch(..., timeout=...)``).
-
-- ``--case mismatch``: every rank all-reduces its per-sample losses, but the
-  last rank has one sample more (a shard of uneven length), so the shapes
-  differ. gloo aborts the process that receives more bytes than it expects
-  (a C++ abort, no Python traceback); nccl would wait until the timeout.
-  With TORCH_DISTRIBUTED_DEBUG=DETAIL, every collective is first checked
-  across ranks, and the mismatch becomes a Python ``RuntimeError`` at the
-  line that called it, naming each rank's shape.
-- ``--case missing``: the last rank never reaches the barrier (it is stuck in
-  a long wait, as in a hung data loader). The barrier runs in a group whose
-  collectives time out after ``--wait-timeout`` seconds. A plain
-  ``dist.barrier()`` then fails without naming anyone; ``--monitored`` uses
-  ``dist.monitored_barrier``, which names the rank that did not arrive.
-
-Flags: ``--case mismatch|missing``, ``--monitored``, ``--wait-timeout 2``.
+Both cases fail on purpose: run them under a deadline. ``mismatch``: the last rank all-reduces
+one loss more; gloo aborts in C++, and DETAIL turns it into a RuntimeError naming the shapes.
+``missing``: the last rank never reaches a barrier that times out after ``--wait-timeout`` s;
+``--monitored`` uses ``dist.monitored_barrier``, which names the missing rank.
 """
 
 import argparse

@@ -1,11 +1,10 @@
-"""Several pitfall scripts on one set of ranks: each script's ``body`` in turn, in one process group.
+"""Several pitfall scripts on one set of ranks: each script's ``body`` in turn, in one group.
 
-    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_lab.py batchnorm unused lr
+    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_lab.py \
+        batchnorm unused lr
 
-Starting ranks costs more than these pitfalls themselves: every rank imports
-torch, and DDP's first use imports more. Run alone, each script pays that once;
-here the scripts named on the command line (``pitfall_<name>.py``) share it.
-Each runs with its default flags and reports exactly as it does alone.
+Starting ranks (importing torch) costs more than these pitfalls: here they pay it once. Each
+runs with its default flags and reports exactly as it does alone.
 """
 
 import argparse

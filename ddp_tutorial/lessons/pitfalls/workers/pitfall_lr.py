@@ -2,20 +2,10 @@
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_lr.py
 
-The global batch is world size x per-rank batch x accumulation steps (W*b*K;
-here K = 1). Every rank trains two DDP models side by side on the same data,
-for ``--epochs`` epochs of a ``--dataset-size`` regression set:
-
-- ``kept``: the learning rate of one process (``--lr``), kept as W grows;
-- ``scaled``: the linear scaling rule (Goyal et al., 2017): ``W * lr``, reached
-  by a linear warm-up over the first ``--warmup-steps`` steps.
-
-Rank 0 also trains one plain process (W = 1, batch b, ``--lr``) on the same
-sample order: after each DDP step it has seen the same samples. Rank 0 reports
-(``part`` = ``curves``) each model's loss on the whole set after every DDP
-step, against the number of samples seen.
-
-Flags: ``--lr 0.1 --batch-size 8 --dataset-size 512 --epochs 3 --warmup-steps 8 --seed 0``.
+The global batch is W*b (K = 1). Every rank trains two DDP models on the same data: ``kept``
+(one process's ``--lr``) and ``scaled`` (``W * lr`` after a linear warm-up, Goyal et al. 2017).
+Rank 0 also trains one process on the same sample order and reports (``curves``) each model's
+loss on the whole set after every DDP step, against samples seen.
 """
 
 import sys
@@ -39,7 +29,7 @@ def make_model(seed: int) -> nn.Module:
 
 
 def scaled_lr(base_lr: float, world_size: int, step: int, warmup_steps: int) -> float:
-    """Linear scaling with warm-up: from ``base_lr`` to ``world_size * base_lr`` over ``warmup_steps``."""
+    """Linear scaling with warm-up: ``base_lr`` to ``world_size * base_lr`` over ``warmup_steps``."""
     if warmup_steps <= 0:
         return world_size * base_lr
     return base_lr * (1 + (world_size - 1) * min(1.0, step / warmup_steps))

@@ -2,16 +2,8 @@
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_seeding.py
 
-One ``report`` per part and rank:
-
-- ``init``: a digest of a freshly built model, seeded with ``seed`` and with ``seed + rank``.
-- ``sampler``: this rank's indices for one epoch of a ``--dataset-size`` set,
-  with the sampler seeded ``seed`` (every rank alike) and ``seed + rank``.
-- ``dropout``: the dropout masks of a DDP model over ``--steps`` steps, one
-  string of 0/1 per sample, after ``torch.manual_seed(seed)`` on every rank
-  (``same_seed``) and after ``torch.manual_seed(seed + rank)`` (``per_rank_seed``).
-
-Flags: ``--dataset-size 16 --batch-size 4 --steps 3 --seed 0``.
+Parts, each with ``seed`` on every rank and with ``seed + rank``: ``init`` (a fresh model's
+digest), ``sampler`` (one epoch's indices), ``dropout`` (a DDP model's masks per step).
 """
 
 import sys
@@ -33,7 +25,7 @@ def make_model() -> nn.Module:
 
 
 def seeded_setup(seed: int, rank: int, dataset_size: int):
-    """The right recipe, in order: a shared seed for the model and the sampler, then a per-rank stream."""
+    """The right recipe, in order: one seed for the model and the sampler, then one per rank."""
     torch.manual_seed(seed)  # 1. the same initial model on every rank
     model = DDP(make_model())
     sampler = DistributedSampler(range(dataset_size), shuffle=True, seed=seed)  # 2. one permutation, split

@@ -2,25 +2,12 @@
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_unused.py
 
-``Branchy`` has an auxiliary head that only even steps use (schedule
-``alternate``) or that training never uses (``never``). One ``report`` per part and rank:
-
-- ``error``: plain ``DDP(model)`` on the alternating schedule. The first step
-  that skips the head leaves its gradients unreduced, and the next forward
-  raises "Expected to have finished reduction in the prior iteration ...".
-  Every rank catches it and reports the message, the step, and the names
-  of the parameters in DDP's order (the message gives indices).
-- ``find_unused``: ``find_unused_parameters=True`` on the same schedule:
-  per step the parameters left without a gradient, then a digest of the
-  parameters and (rank 0) their largest difference from one plain process
-  on the whole global batch.
-- ``static_graph``: ``static_graph=True`` with the head never used (the same
-  checks), and on the alternating schedule (the error it raises).
-- ``cost``: the same fully used model wrapped three ways (no flag,
-  ``find_unused_parameters=True``, ``static_graph=True``), one step of each in
-  turn, ``--cost-steps`` times: per step, wall time and this thread's CPU time.
-
-Flags: ``--steps 6 --batch-size 8 --lr 0.1 --seed 0 --cost-steps 60 --cost-layers 32``.
+``Branchy``'s auxiliary head is used on even steps only (``alternate``) or never. Parts:
+``error`` (plain DDP: "Expected to have finished reduction in the prior iteration", with the
+parameter names in DDP's order); ``find_unused`` and ``static_graph`` (per step the parameters
+without a gradient, a digest, rank 0's difference from one process); ``static_graph_error``
+(static_graph on the alternating head); ``cost`` (three wrappings of one fully used model, one
+step of each in turn: wall and CPU time per step).
 """
 
 import sys

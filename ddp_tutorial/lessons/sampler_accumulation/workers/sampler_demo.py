@@ -1,17 +1,11 @@
 """What DistributedSampler hands each rank: per-epoch orders, padding, and per-rank data.
 
-    torchrun --standalone --nproc-per-node 4 ddp_tutorial/lessons/sampler_accumulation/workers/sampler_demo.py
+    torchrun --standalone --nproc-per-node 4 \
+        ddp_tutorial/lessons/sampler_accumulation/workers/sampler_demo.py
 
-Flags: ``--dataset-size 24 --epochs 3 --padding-size 10 --data-size 64 --seed 0``.
-Each rank reports (``run.result(rank, key)``):
-
-- ``orders_set_epoch`` / ``orders_no_set_epoch``: per epoch, the sample indices
-  its sampler yields, with and without ``sampler.set_epoch(epoch)``;
-- ``padding``: for a ``--padding-size`` dataset, its indices with the default
-  ``drop_last=False`` (padded with repeats) and with ``drop_last=True``;
-- ``data_shared`` / ``data_per_rank``: a fingerprint of the dataset
-  ``train.make_dataset`` builds on this rank, from ``train.make_inputs`` (one shared
-  seed) and from ``original.make_inputs`` (the original demo's per-rank random data).
+Each rank reports its orders with and without ``set_epoch``, its indices of a
+``--padding-size`` dataset with ``drop_last`` False and True, and fingerprints of the dataset
+built from one shared seed (``train.make_inputs``) and per rank (``original.make_inputs``).
 """
 
 import argparse

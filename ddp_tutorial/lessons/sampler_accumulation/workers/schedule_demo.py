@@ -3,25 +3,10 @@
     torchrun --standalone --nproc-per-node 2 \
         ddp_tutorial/lessons/sampler_accumulation/workers/schedule_demo.py
 
-A one-weight model ``y = w * x`` in float64, wrapped in DDP. Micro-batch ``i`` of
-epoch ``e`` on rank ``r`` feeds ``x = 2 ** bit(r, e, i)``, so its gradient is that
-power of two and no two micro-batches share a bit. Gradients add up until
-``zero_grad``, and DDP averages over ranks; multiplying the synced gradient by
-the world size gives back the sum of tags, and its bits name **exactly** the
-micro-batches (of every rank) that an optimizer step applied. What is left in
-``.grad`` after the last epoch was never applied.
-
-The loop is the kit's step 4, run twice on a fresh model: with the schedule of
-``original.sync_schedule`` (sync when ``i % K == 0``), then ``train.sync_schedule``; the
-micro-batches that do not sync run forward and backward inside ``no_sync()``.
-Per schedule, rank 0 reports ``schedule`` ("original" or "fixed"), ``steps`` (one entry per
-optimizer step: epoch, micro-batch, and the ``[rank, epoch, micro]`` it applied) and ``lost``
-(per rank, never applied).
-
-Flags:
-    --micro N        micro-batches per epoch (default 6)
-    --accum-steps K  (default 4)
-    --epochs E       (default 2)
+A one-weight model ``y = w * x`` in float64 under DDP: micro-batch ``i`` of epoch ``e`` on rank
+``r`` feeds ``x = 2 ** bit(r, e, i)``, so the bits of a synced gradient times the world size name
+exactly the micro-batches a step applied; what is left in ``.grad`` at the end was never applied.
+Step 4's loop runs with ``original.sync_schedule``, then ``train.sync_schedule``.
 """
 
 import argparse
@@ -70,29 +55,36 @@ def applied_per_step(model, schedule, rank: int, world_size: int, args):
                 model.zero_grad(set_to_none=True)  # the optimizer step would go here
     left = weight.grad.item() if weight.grad is not None else 0.0  # local: never all-reduced
     lost = [None] * world_size
-    dist.all_gather_object(lost, decode(left, world_size, args.micro))
+    dist.all_gather_object(lost, decode(left, world_size, args.micro), group=model.process_group)
     return steps, lost
 
 
-def main() -> None:
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--micro", type=int, default=6)
     p.add_argument("--accum-steps", type=int, default=4)
     p.add_argument("--epochs", type=int, default=2)
-    args = p.parse_args()
+    return p.parse_args(argv)
+
+
+def measure(args, rank: int, world_size: int, group=None) -> None:
+    """Each schedule on a fresh model; rank 0 reports its ``steps`` and micro-batches ``lost``."""
+    for name, schedule in (("original", original.sync_schedule), ("fixed", train.sync_schedule)):
+        model = DDP(nn.Linear(1, 1, bias=False).double(), process_group=group)
+        steps, lost = applied_per_step(model, schedule, rank, world_size, args)
+        if rank == 0:
+            report({"schedule": name, "steps": steps, "lost": lost})
+            for s in steps:
+                print(f"{name}: step after epoch {s['epoch']} micro {s['micro']}: applied "
+                      f"{len(s['applied'])} micro-batches", flush=True)
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
-        rank, world_size = dist.get_rank(), dist.get_world_size()
-        for name, schedule in (("original", original.sync_schedule),
-                               ("fixed", train.sync_schedule)):
-            steps, lost = applied_per_step(DDP(nn.Linear(1, 1, bias=False).double()), schedule,
-                                           rank, world_size, args)
-            if rank == 0:
-                report({"schedule": name, "steps": steps, "lost": lost})
-                for s in steps:
-                    print(f"{name}: step after epoch {s['epoch']} micro {s['micro']}: applied "
-                          f"{len(s['applied'])} micro-batches", flush=True)
+        measure(args, dist.get_rank(), dist.get_world_size())
     finally:
         dist.destroy_process_group()
 

@@ -4,11 +4,9 @@
         ddp_tutorial/lessons/sampler_accumulation/workers/train_runs.py \
         '{"K=1": [2, ["--accum-steps", "1"]], "big batch": [1, ["--batch-size", "32"]]}'
 
-The one argument is a JSON object: run name -> [ranks, train.py's flags]. Each run is
-``train.main`` with its flags, writing a folder of its own in the run folder (rank 0 reports
-``run`` and ``folder``) as a launch of its own would; only steps 1 and 5 (join and leave the
-group) happen once, for every run. A run on 1 rank is one plain process on rank 0, as
-``python -m ddp_tutorial.train`` is; the other ranks go on to the next run.
+The argument maps a run's name to [ranks, train.py's flags]. Each run is ``train.main`` in a
+folder of its own; only steps 1 and 5 (join and leave the group) happen once. A 1-rank run is
+one plain process on rank 0. With ``--schedule-demo``, ``schedule_demo.py`` runs last, in the group.
 """
 
 import json
@@ -17,7 +15,10 @@ import re
 import sys
 from unittest import mock
 
+import torch.distributed
+
 from ddp_tutorial import train
+from ddp_tutorial.lessons.sampler_accumulation.workers import schedule_demo
 from ddp_tutorial.runfolder import rank_run_dir, report
 
 
@@ -39,6 +40,9 @@ def main() -> None:
             with mock.patch.object(train, "init_process_group", lambda *_: run_env), \
                     mock.patch.object(train, "teardown", lambda: None):
                 train.main([*flags, "--out", os.path.join(rank_run_dir("runs/train_runs"), sub)])
+        if sys.argv[2:] == ["--schedule-demo"]:  # on gloo, as alone: its model stays on the CPU
+            gloo = torch.distributed.new_group(backend="gloo")
+            schedule_demo.measure(schedule_demo.parse_args([]), env.rank, env.world_size, gloo)
     finally:
         train.teardown()  # step 5, once
 

@@ -1,14 +1,7 @@
 """What the harness observes and reports in exercise "shard", beyond every exercise's records.
 
-``harness.run`` adds ``observe``'s observers to the common ones (ZeroRedundancyOptimizer's
-construction, ``consolidate_state_dict`` and its target, ``state_dict``, the optimizer
-states ``torch.save`` wrote). After the ``final`` record, ``report_after``
-has each rank report ``shard_final``: the Adam state it holds at the end (by global
-parameter index), the learning rate, its final parameters. Only then does rank 0 replay
-the original DDP script in one process and report ``shard_reference``: a peer that fails
-during the replay costs the reference, never what was measured. A rank whose script failed
-waits (at most ``REPORTS_WAIT_S``) until every other rank has reported too before it exits:
-its exit stops the group, and a peer still finishing its script or its reports would lose them.
+``observe`` adds the exercise's observers; after the script, each rank reports ``shard_final``
+(``final_record``), then rank 0 replays the DDP script and reports ``shard_reference``.
 """
 
 from __future__ import annotations
@@ -23,17 +16,18 @@ from torch.distributed.optim import ZeroRedundancyOptimizer as Zero
 from ddp_tutorial.exercises.shard import LR
 from ddp_tutorial.exercises.workers import reference, task
 from ddp_tutorial.exercises.workers.observers import Observations, Observers, optimizer_parameters
-from ddp_tutorial.lessons.sharding.workers.sharding_common import nbytes, optimizer_state, state_tensors
+from ddp_tutorial.lessons.sharding.workers.sharding_common import (
+    nbytes, optimizer_state, state_tensors)
 from ddp_tutorial.runfolder import report
 
 #: The longest a rank whose script failed waits for the other ranks' reports before it exits.
 REPORTS_WAIT_S = 10.0
-#: Adam's moments, recorded by value for each parameter of a saved optimizer state (the task's model is small).
+#: Adam's moments, recorded by value (the task's model is small).
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def optimizer_states_in(obj):
-    """Every optimizer state dict (a dict with "state" and "param_groups") inside a saved object."""
+    """Every optimizer state dict ("state" and "param_groups") inside a saved object."""
     if isinstance(obj, dict) and "state" in obj and "param_groups" in obj:
         yield obj
     elif isinstance(obj, (dict, list, tuple)):
@@ -50,15 +44,16 @@ def param_state(state: dict) -> dict:
 
 
 def saved_state(state_dict: dict) -> dict:
-    """What an optimizer state dict holds, copied now: bytes, and each parameter's state by index."""
-    tensors = [v for s in state_dict["state"].values() for v in s.values() if isinstance(v, torch.Tensor)]
-    return {"params_with_state": len(state_dict["state"]), "state_bytes": nbytes(tensors),
-            "state": [[i, param_state(s)] for i, s in state_dict["state"].items() if isinstance(s, dict)]}
+    """What an optimizer state dict holds, copied now: bytes, each parameter's state by index."""
+    state = state_dict["state"]
+    tensors = [v for s in state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return {"params_with_state": len(state), "state_bytes": nbytes(tensors),
+            "state": [[i, param_state(s)] for i, s in state.items() if isinstance(s, dict)]}
 
 
 def observe(observers: Observers) -> None:
-    """On top of the common observers: ZeroRedundancyOptimizer's construction, ``consolidate_state_dict``
-    (and its target) and ``state_dict``, and the optimizer states ``torch.save`` writes (as they were then)."""
+    """Observe ZeroRedundancyOptimizer's construction, ``consolidate_state_dict`` (and its target),
+    ``state_dict``, and the optimizer states ``torch.save`` writes, as they were then."""
     seen = observers.seen
     zero_init, consolidate, state_dict = Zero.__init__, Zero.consolidate_state_dict, Zero.state_dict
 
@@ -86,23 +81,21 @@ def observe(observers: Observers) -> None:
 
     def observed_save(obj, f, *args, **kwargs):
         if not seen.consolidating:
-            seen.saved_optimizer_states.extend({**saved_state(state), "after_steps": seen.optimizer_steps}
-                                               for state in optimizer_states_in(obj))
+            seen.saved_optimizer_states.extend(
+                {**saved_state(state), "after_steps": seen.optimizer_steps}
+                for state in optimizer_states_in(obj))
         return save(obj, f, *args, **kwargs)
 
     for owner, name, replacement in (
-            (Zero, "__init__", observed_init), (Zero, "consolidate_state_dict", observed_consolidate),
+            (Zero, "__init__", observed_init),
+            (Zero, "consolidate_state_dict", observed_consolidate),
             (Zero, "state_dict", observed_state_dict), (torch, "save", observed_save),
             (torch.serialization, "save", observed_save)):
         observers.patch(owner, name, replacement)
 
 
 def held_state(opt) -> list:
-    """The Adam state this rank holds now, as [global parameter index, state] pairs.
-
-    The index is the parameter's position in the optimizer's parameter list, the
-    indexing of ``state_dict()`` (ZeRO's consolidated one and a plain Adam's alike).
-    """
+    """The Adam state this rank holds, as [index, state] pairs, indexed as ``state_dict()`` is."""
     index = {id(p): i for i, p in enumerate(optimizer_parameters(opt))}
     local = optimizer_state(opt)
     return [[index[id(p)], param_state(s)] for p, s in getattr(local, "state", {}).items()
@@ -110,12 +103,8 @@ def held_state(opt) -> list:
 
 
 def ddp_replay(world_size: int, seed: int = 0):
-    """The DDP script with Adam in one process: final parameters, Adam's state, steps.
-
-    Each step computes every rank's gradient on that rank's rows (its
-    DistributedSampler's order), divides by W and sums, as DDP's all-reduce
-    does, then steps one Adam with lr=LR.
-    """
+    """The DDP script with Adam in one process: final parameters, Adam's state bytes, steps.
+    Each rank's gradient on its rows, divided by W and summed, as DDP's all-reduce does."""
     model = task.make_model()
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     dataset = task.make_dataset()
@@ -138,7 +127,7 @@ def ddp_replay(world_size: int, seed: int = 0):
 
 
 def full_state_bytes(params) -> int:
-    """Bytes of one whole Adam state for tensors shaped like ``params`` (what one unsharded rank holds)."""
+    """Bytes of one whole Adam state for tensors shaped like ``params``."""
     copies = [torch.zeros_like(p, requires_grad=True) for p in params]
     for c in copies:
         c.grad = torch.zeros_like(c)
@@ -148,7 +137,7 @@ def full_state_bytes(params) -> int:
 
 
 def final_record(seen: Observations) -> dict:
-    """What this rank measured once the script ended; the optimizer is the last stepped, else the last ZeRO."""
+    """What this rank measured at the end, of the last stepped optimizer, else the last ZeRO."""
     opt = seen.last_optimizer or (seen.zeros[-1] if seen.zeros else None)
     params = optimizer_parameters(opt) if opt is not None else []
     local = optimizer_state(opt) if opt is not None else None
@@ -163,7 +152,8 @@ def final_record(seen: Observations) -> dict:
             "full_state_bytes": full_state_bytes(params) if params else 0,
             "final_params": reference.flat_parameters(params) if params else None,
             "held_state": held_state(opt) if hasattr(local, "state") else [],
-            "trains_ddp_model": None if opt is None else bool(params) and all(id(p) in wrapped for p in params),
+            "trains_ddp_model": None if opt is None else bool(params) and all(
+                id(p) in wrapped for p in params),
             "params_with_grad": seen.params_with_grad,
             "overlap_with_ddp": bool(getattr(opt, "_overlap_with_ddp", False)),
             "consolidations": seen.consolidations, "state_dict_refused": seen.state_dict_refused,
@@ -171,24 +161,18 @@ def final_record(seen: Observations) -> dict:
 
 
 def report_after(seen: Observations, failed: bool) -> None:
-    """``shard_final``, then on rank 0 (also after a failed script: the other criteria still say why) the
-    replay, then the wait for the other ranks' reports."""
-    report(final_record(seen))  # first: a peer's failure stops this rank, and the replay takes a while
+    """``shard_final``, then rank 0's replay (after a failed script too), then the wait."""
+    report(final_record(seen))  # first: a peer's failure stops this rank, the replay takes a while
     if int(os.environ.get("RANK", 0)) == 0:
         params, state_bytes, steps = ddp_replay(int(os.environ.get("WORLD_SIZE", 1)))
-        report({"event": "shard_reference", "reference": params, "reference_state_bytes": state_bytes,
-                "reference_steps": steps})
+        report({"event": "shard_reference", "reference": params,
+                "reference_state_bytes": state_bytes, "reference_steps": steps})
     wait_for_the_others_reports(seen.store, failed)
 
 
 def wait_for_the_others_reports(store, failed: bool) -> None:
-    """Mark this rank's reports written; if its script failed, wait for every other rank's mark first.
-
-    A failed rank's exit makes the launcher stop the group. Without this wait, a peer that was a
-    moment behind (on a busy machine) lost its ``shard_final`` or rank 0's reference, and its
-    criteria said "not measured". A peer stuck in a collective never marks: the wait ends after
-    ``REPORTS_WAIT_S``; rank 0 gone (it hosts the store) ends it at once.
-    """
+    """Mark this rank's reports written; if its script failed, first wait (``REPORTS_WAIT_S`` at
+    most) for the others' marks: its exit stops the group, and a peer's reports would be lost."""
     if store is None:  # the script never joined a group
         return
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -197,5 +181,5 @@ def wait_for_the_others_reports(store, failed: bool) -> None:
         if failed:
             others = [f"shard_reports/{r}" for r in range(world_size) if r != rank]
             store.wait(others, timedelta(seconds=REPORTS_WAIT_S))
-    except Exception:  # noqa: BLE001 - timed out, or the store's host has exited: end as the script did
+    except Exception:  # noqa: BLE001 - timed out, or the store's host exited: end as the script did
         pass

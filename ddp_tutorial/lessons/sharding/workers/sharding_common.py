@@ -1,8 +1,6 @@
 """What the sharding scripts share (rank side): the models, bytes held, and a log of collectives.
 
-Every byte count here comes from tensors that exist in this rank: a sharded
-parameter (an FSDP2 ``DTensor``) counts its local shard only, and an optimizer
-counts the state it holds itself (ZeRO's local optimizer holds only its partition).
+Byte counts are of what this rank holds: a DTensor's local shard, ZeRO's local optimizer's state.
 """
 
 from __future__ import annotations
@@ -14,16 +12,14 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-#: The collectives the log records, and which of their tensors is the full-size one.
-#: all_gather_single's output and reduce_scatter_single's input hold the whole tensor;
-#: all_reduce and broadcast work on one tensor, the same size on every rank.
-FULL_TENSOR = {"all_reduce": "tensor", "broadcast": "tensor", "all_gather_single": "output_tensor",
-               "reduce_scatter_single": "input", "all_gather_into_tensor": "output_tensor",
-               "reduce_scatter_tensor": "input"}
-_POSITION = {"all_reduce": 0, "broadcast": 0, "all_gather_single": 0, "reduce_scatter_single": 1,
-             "all_gather_into_tensor": 0, "reduce_scatter_tensor": 1}
-#: The names torch 2.9 and older have (and FSDP2 calls there), recorded under the newer names torch 2.13 gives them.
-NEWER_NAME = {"all_gather_into_tensor": "all_gather_single", "reduce_scatter_tensor": "reduce_scatter_single"}
+#: The collectives the log records: the name and position of their full-size tensor argument.
+FULL_TENSOR = {"all_reduce": ("tensor", 0), "broadcast": ("tensor", 0),
+               "all_gather_single": ("output_tensor", 0),
+               "all_gather_into_tensor": ("output_tensor", 0),
+               "reduce_scatter_single": ("input", 1), "reduce_scatter_tensor": ("input", 1)}
+#: torch 2.9's names (FSDP2 calls them there), recorded under torch 2.13's.
+NEWER_NAME = {"all_gather_into_tensor": "all_gather_single",
+              "reduce_scatter_tensor": "reduce_scatter_single"}
 
 
 def mlp(d_in: int, hidden: int, d_out: int, seed: int) -> nn.Sequential:
@@ -42,17 +38,13 @@ def nbytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(local(t).numel() * local(t).element_size() for t in tensors)
 
 
-def numel(tensors: Iterable[torch.Tensor]) -> int:
-    return sum(local(t).numel() for t in tensors)
-
-
 def optimizer_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The optimizer that holds this rank's state: ZeRO's local one, else ``optimizer`` itself."""
     return getattr(optimizer, "optim", optimizer)
 
 
 def state_tensors(optimizer: torch.optim.Optimizer) -> List[torch.Tensor]:
-    """Every state tensor this rank's optimizer holds (Adam: exp_avg, exp_avg_sq, step per parameter)."""
+    """Every state tensor this rank's optimizer holds (Adam: exp_avg, exp_avg_sq, step)."""
     return [v for state in optimizer_state(optimizer).state.values() for v in state.values()
             if isinstance(v, torch.Tensor)]
 
@@ -62,36 +54,35 @@ def held(model: nn.Module, optimizer: torch.optim.Optimizer) -> Dict[str, int]:
     params = list(model.parameters())
     grads = [p.grad for p in params if p.grad is not None]
     states = state_tensors(optimizer)
-    return {"param_bytes": nbytes(params), "grad_bytes": nbytes(grads), "state_bytes": nbytes(states),
-            "param_elements": numel(params), "grad_elements": numel(grads), "state_elements": numel(states),
-            "state_tensors": len(states), "param_tensors": len(params)}
+    counts = {}
+    for kind, tensors in (("param", params), ("grad", grads), ("state", states)):
+        counts[f"{kind}_bytes"] = nbytes(tensors)
+        counts[f"{kind}_elements"] = sum(local(t).numel() for t in tensors)
+    return {**counts, "state_tensors": len(states), "param_tensors": len(params)}
 
 
 def full_parameters(model: nn.Module) -> List[torch.Tensor]:
     """The whole parameters, gathered if sharded (a collective for FSDP2: call it on every rank)."""
-    return [p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in model.parameters()]
+    return [p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
+            for p in model.parameters()]
 
 
 class CollectiveLog:
-    """Records every collective of ``FULL_TENSOR`` this process calls through ``torch.distributed``.
-
-    DDP's comm hooks, ZeroRedundancyOptimizer and FSDP2 all call these as
-    ``dist.<name>(...)``, looked up when called, so replacing the module's
-    attributes sees them. (DDP without a comm hook all-reduces in C++: give it
-    ``default_hooks.allreduce_hook``, which its docstring says changes nothing.)
-    Each record: op, dtype, the full tensor's elements and bytes.
-    """
+    """Records each ``FULL_TENSOR`` collective called as ``dist.<name>(...)``: op, dtype, elements,
+    bytes. DDP's comm hooks, ZeroRedundancyOptimizer and FSDP2 look the name up when they call
+    (DDP without a hook all-reduces in C++, unseen)."""
 
     def __init__(self):
         self.calls: List[dict] = []
         self._saved = {}
 
     def _wrap(self, name, fn):
-        key, pos = FULL_TENSOR[name], _POSITION[name]
+        key, pos = FULL_TENSOR[name]
 
         def recorded(*args, **kwargs):
             t = kwargs[key] if key in kwargs else args[pos]
-            self.calls.append({"op": NEWER_NAME.get(name, name), "dtype": str(t.dtype).replace("torch.", ""),
+            self.calls.append({"op": NEWER_NAME.get(name, name),
+                               "dtype": str(t.dtype).replace("torch.", ""),
                                "elements": t.numel(), "bytes": t.numel() * t.element_size()})
             return fn(*args, **kwargs)
         return recorded

@@ -1,29 +1,13 @@
-"""Where DDP stops: what each rank holds and sends under DDP, ZeRO-1, FSDP2 and compressed gradients.
+"""Where DDP stops: what each rank holds and sends under DDP, ZeRO-1, FSDP2, compressed gradients.
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/sharding/workers/sharding_lab.py
 
-Parts (``--parts``, comma-separated; each reports records with ``part`` = its name):
-
-- ``memory``: for the kit's model (train.py's 10 -> 100 -> 20) and a wider one
-  (64 -> 256 -> 8), under DDP + Adam, DDP + ZeroRedundancyOptimizer(Adam) and
-  FSDP2 (``fully_shard``) + Adam, after one step: the bytes of parameters,
-  gradients and Adam state this rank holds, and ZeRO's partition.
-- ``zero``: the wide model, DDP + Adam and DDP + ZeRO(Adam) side by side on the
-  same batches for ``--steps`` steps: the collectives of one step, and how far
-  apart the two end.
-- ``fsdp``: the wide model, DDP + Adam and FSDP2 + Adam side by side: the
-  collectives of one step by phase, which layers are unsharded while each
-  layer runs forward and backward, the first step's gradients, the final
-  parameters, and (rank 0) a float64 one-process run for the size of float32 rounding.
-- ``compress``: the kit's model and data, DDP with ``allreduce_hook``,
-  ``fp16_compress_hook`` and ``bf16_compress_hook`` (and no hook) side by side:
-  the all-reduces of each step and the loss on the whole dataset after each step.
-
-Every rank trains on its own rows of one seeded global batch per step, so one
-process on the whole batch is the reference. Flags: ``--parts memory,zero,fsdp,compress
---steps 8 --compress-steps 60 --batch-size 16 --seed 0``; ``--pg-timeout 60``.
+``--parts`` (comma-separated; each reports records with ``part`` = its name): ``memory`` (bytes
+held after one step, per model and strategy), ``zero`` and ``fsdp`` (side by side with DDP + Adam
+for ``--steps``: the collectives of each step, and how far apart they end), ``compress`` (DDP's
+comm hooks: the all-reduces and the loss per step). Every rank trains on its own rows of one
+seeded global batch per step, so one process on the whole batch is the reference.
 """
-
 import sys
 
 import torch
@@ -35,21 +19,18 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_tutorial import runfolder, train
+from ddp_tutorial import train
 from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import (
     digest, flags, generator, max_diff, run, shard)
 from ddp_tutorial.lessons.sharding.workers.sharding_common import (
     CollectiveLog, full_parameters, held, mlp, optimizer_state)
+from ddp_tutorial.runfolder import report
 
 PARTS = ("memory", "zero", "fsdp", "compress")
 ADAM_LR = 1e-3
-#: The wide model: 64 -> 256 -> 8, 18,696 parameters; every dimension even, so FSDP2 shards it exactly in half.
+#: 64 -> 256 -> 8, 18,696 parameters; every dimension even, so FSDP2 shards it exactly in half.
 WIDE = (64, 256, 8)
 log = CollectiveLog()
-
-
-def report(record: dict) -> None:
-    runfolder.report(record)
 
 
 def kit_model(seed: int) -> nn.Module:
@@ -78,7 +59,7 @@ def rank_batch(args, step, rank, world_size, d_in, d_out):
 
 
 def ddp(model: nn.Module) -> DDP:
-    """DDP whose all-reduces go through Python (allreduce_hook: the same result as none, measured in ``compress``)."""
+    """DDP whose all-reduces go through Python, so the log sees them (same result: ``compress``)."""
     wrapped = DDP(model)
     wrapped.register_comm_hook(None, default_hooks.allreduce_hook)
     return wrapped
@@ -128,8 +109,9 @@ def part_memory(args, rank, world_size):
             F.mse_loss(model(x), y).backward()
             optimizer.step()  # gradients kept: the moment all three live at once
             sizes = {n: p.numel() for n, p in build(args.seed).named_parameters()}
-            report({"part": "memory", "model": model_name, "strategy": strategy, **held(model, optimizer),
-                    "model_elements": sum(sizes.values()), "param_sizes": sizes,
+            report({"part": "memory", "model": model_name, "strategy": strategy,
+                    **held(model, optimizer), "model_elements": sum(sizes.values()),
+                    "param_sizes": sizes,
                     "partition": partition(getattr(model, "module", model), optimizer)})
 
 
@@ -152,7 +134,7 @@ def part_zero(args, rank, world_size):
     params, ref_params = list(z.parameters()), list(ref.parameters())
     report({"part": "zero", "collectives": per_step, "steps": args.steps,
             "max_diff_vs_ddp": max_diff(params, ref_params), "digest": digest(params),
-            "ddp_digest": digest(ref_params), "bit_identical_to_ddp": digest(params) == digest(ref_params),
+            "bit_identical_to_ddp": digest(params) == digest(ref_params),
             "state": held(z, z_opt), "ddp_state": held(ref, ref_opt),
             "partition": partition(z.module, z_opt)})
 
@@ -173,20 +155,16 @@ class _Probe(torch.autograd.Function):
 
 
 def watch_unsharded(layers: dict, events: list) -> None:
-    """While each layer runs forward and backward, note which layers hold their whole parameters.
-
-    Also the all-gathers issued so far in this phase (forward or backward): in
-    backward FSDP2 gathers the next layer ahead of time (``_backward_prefetch``),
-    before that layer registers its whole parameters.
-    """
+    """While each layer runs forward and backward, note which layers hold their whole parameters,
+    and the phase's all-gathers so far (FSDP2 prefetches the next layer in backward)."""
     from torch.distributed.tensor import DTensor
 
     def snapshot(phase, name):
-        # FSDP2 registers the sharded DTensors on a resharded module, plain tensors on an unsharded one.
-        events.append({"phase": phase, "layer": name,
-                       "unsharded": {n: sum(p.numel() for p in m.parameters() if not isinstance(p, DTensor))
-                                     for n, m in layers.items()},
-                       "all_gathered": [c["elements"] for c in log.calls if c["op"] == "all_gather_single"]})
+        # FSDP2 registers DTensors on a resharded module, plain tensors on an unsharded one.
+        whole = {n: sum(p.numel() for p in m.parameters() if not isinstance(p, DTensor))
+                 for n, m in layers.items()}
+        gathered = [c["elements"] for c in log.calls if c["op"] == "all_gather_single"]
+        events.append({"phase": phase, "layer": name, "unsharded": whole, "all_gathered": gathered})
 
     for name, layer in layers.items():
         forward = layer.forward  # called inside FSDP2's pre- and post-forward hooks
@@ -200,7 +178,7 @@ def watch_unsharded(layers: dict, events: list) -> None:
 
 
 def one_process_float64(args, world_size):
-    """Rank 0 alone: the same training in float64 on the whole global batch (the exact answer, nearly)."""
+    """Rank 0 alone: the same training in float64 on the whole global batch (nearly exact)."""
     model = wide_model(args.seed).double()
     optimizer = adam(model.parameters())
     for step in range(args.steps):
@@ -213,7 +191,8 @@ def part_fsdp(args, rank, world_size):
     d_in, d_out = WIDE[0], WIDE[2]
     ref, sharded = ddp(wide_model(args.seed)), fsdp(wide_model(args.seed))
     ref_opt, sharded_opt = adam(ref.parameters()), adam(sharded.parameters())
-    layers = {f"{name} (Linear)": m for name, m in sharded.named_children() if isinstance(m, nn.Linear)}
+    layers = {f"{name} (Linear)": m for name, m in sharded.named_children()
+              if isinstance(m, nn.Linear)}
     events, per_step, first_grads = [], [], None
     watch_unsharded(layers, events)
     with log.recording():
@@ -222,42 +201,39 @@ def part_fsdp(args, rank, world_size):
             train_step(ref, ref_opt, x, y)
             ddp_calls = log.take()
             sharded_opt.zero_grad(set_to_none=True)
-            # An input that requires grad: the probe before the first layer then runs in backward too.
+            # An input that requires grad: the first layer's probe then runs in backward too.
             out = sharded(x.detach().requires_grad_())
             forward = log.take()
             F.mse_loss(out, y).backward()
             backward = log.take()
-            if step == 0:  # the reduce-scattered gradient shards, gathered, against DDP's averaged ones
+            if step == 0:  # the reduce-scattered gradient shards, gathered, against DDP's
                 first_grads = max_diff([p.grad.full_tensor() for p in sharded.parameters()],
                                        [p.grad for p in ref.parameters()])
                 log.take()  # the measurement's all-gathers are not the step's
             sharded_opt.step()
-            per_step.append({"ddp": ddp_calls, "forward": forward, "backward": backward, "step": log.take()})
+            per_step.append({"ddp": ddp_calls, "forward": forward, "backward": backward,
+                             "step": log.take()})
     params, ref_params = full_parameters(sharded), [p.detach() for p in ref.parameters()]
-    record = {"part": "fsdp", "collectives": per_step, "steps": args.steps, "unsharded_while_running":
-              [e for e in events[:2 * len(layers)]], "first_grad_max_diff": first_grads,
-              "max_diff_vs_ddp": max_diff(params, ref_params), "held": held(sharded, sharded_opt),
-              "local_param_sizes": {n: p.to_local().numel() for n, p in sharded.named_parameters()}}
+    record = {"part": "fsdp", "collectives": per_step, "steps": args.steps,
+              "unsharded_while_running": events[:2 * len(layers)],
+              "first_grad_max_diff": first_grads,
+              "max_diff_vs_ddp": max_diff(params, ref_params), "held": held(sharded, sharded_opt)}
     if rank == 0:
-        exact = one_process_float64(args, world_size)
-        record.update({"ddp_vs_float64": max_diff(ref_params, exact), "fsdp_vs_float64": max_diff(params, exact)})
+        record["ddp_vs_float64"] = max_diff(ref_params, one_process_float64(args, world_size))
     report(record)
 
 
 # -- compress ------------------------------------------------------------------
 def bf16_hook(process_group, bucket):
-    """``bf16_compress_hook``'s own body under another name.
-
-    ``DDP.register_comm_hook`` refuses ``bf16_compress_hook`` by its name unless the
-    build has CUDA (or ROCm) and NCCL >= 2.10, or XPU and XCCL (``_check_comm_hook``);
-    gloo on CPU all-reduces bfloat16 all the same, so the kit calls the same function
-    on every build, and records what the named hook got (``bf16_refusal``).
-    """
+    """``bf16_compress_hook``'s body under another name: ``DDP._check_comm_hook`` refuses the hook
+    by its name on some builds, yet gloo all-reduces bfloat16 on every one."""
     return default_hooks._compress_hook(torch.bfloat16, process_group, bucket)
 
 
-HOOKS = {"no hook (DDP's C++ all-reduce)": None, "allreduce_hook (fp32)": default_hooks.allreduce_hook,
-         "fp16_compress_hook": default_hooks.fp16_compress_hook, "bf16 (bf16_compress_hook's body)": bf16_hook}
+HOOKS = {"no hook (DDP's C++ all-reduce)": None,
+         "allreduce_hook (fp32)": default_hooks.allreduce_hook,
+         "fp16_compress_hook": default_hooks.fp16_compress_hook,
+         "bf16 (bf16_compress_hook's body)": bf16_hook}
 
 
 def bf16_refusal() -> str:
@@ -270,24 +246,21 @@ def bf16_refusal() -> str:
 
 
 def build_facts() -> dict:
-    """What ``_check_comm_hook`` reads to decide on ``bf16_compress_hook``: this torch's build, not its devices."""
-    nccl = dist.is_nccl_available()
-    xccl = hasattr(dist, "is_xccl_available") and dist.is_xccl_available()
-    return {"torch": torch.__version__, "cuda": torch.version.cuda, "hip": torch.version.hip,
-            "nccl_available": nccl, "nccl_version": list(torch.cuda.nccl.version()) if nccl else None,
-            "xccl_available": xccl, "xpu_available": bool(xccl and torch.xpu.is_available()),
-            "xpu_rule": ddp_rule_knows_xpu()}
-
-
-def ddp_rule_knows_xpu() -> bool:
-    """Whether this torch's ``_check_comm_hook`` accepts bf16 on XPU with XCCL (torch 2.13 does; 2.6's
-    rule knows only CUDA or ROCm with NCCL): read in its source, as it is this torch's rule that decides."""
+    """What ``_check_comm_hook`` reads to decide on ``bf16_compress_hook``: the build, not devices;
+    ``xpu_rule``: whether its source has the XPU part (2.13's does, 2.6's not)."""
     import inspect
 
+    nccl = dist.is_nccl_available()
+    xccl = hasattr(dist, "is_xccl_available") and dist.is_xccl_available()
     try:
-        return "xccl" in inspect.getsource(DDP._check_comm_hook)
-    except (OSError, TypeError, AttributeError):  # no source: the newer rule, which the kit's text describes
-        return True
+        xpu_rule = "xccl" in inspect.getsource(DDP._check_comm_hook)
+    except (OSError, TypeError, AttributeError):  # no source: assume the newer rule
+        xpu_rule = True
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "hip": torch.version.hip,
+            "nccl_available": nccl,
+            "nccl_version": list(torch.cuda.nccl.version()) if nccl else None,
+            "xccl_available": xccl, "xpu_available": bool(xccl and torch.xpu.is_available()),
+            "xpu_rule": xpu_rule}
 
 
 def part_compress(args, rank, world_size):
@@ -299,8 +272,7 @@ def part_compress(args, rank, world_size):
             models[name].register_comm_hook(None, hook)
         optimizers[name] = torch.optim.SGD(models[name].parameters(), lr=0.05)
     rows = args.batch_size * world_size
-    losses = {name: [] for name in HOOKS}
-    calls = {name: [] for name in HOOKS}
+    losses, calls = {name: [] for name in HOOKS}, {name: [] for name in HOOKS}
     with log.recording():
         for step in range(args.compress_steps):
             start = (step * rows) % len(x_all)
@@ -313,11 +285,11 @@ def part_compress(args, rank, world_size):
                     losses[name].append(float(F.mse_loss(model.module(x_all), y_all)))
     params = {name: list(m.parameters()) for name, m in models.items()}
     base = "allreduce_hook (fp32)"
-    report({"part": "compress", "steps": args.compress_steps, "losses": losses, "collectives": calls,
-            "digests": {name: digest(p) for name, p in params.items()},
+    report({"part": "compress", "steps": args.compress_steps, "losses": losses,
+            "collectives": calls, "digests": {name: digest(p) for name, p in params.items()},
             "max_diff_vs_fp32": {name: max_diff(p, params[base]) for name, p in params.items()},
-            "model_elements": sum(p.numel() for p in params[base]), "bf16_compress_hook_refused": bf16_refusal(),
-            "build": build_facts()})
+            "model_elements": sum(p.numel() for p in params[base]),
+            "bf16_compress_hook_refused": bf16_refusal(), "build": build_facts()})
 
 
 def parser():

@@ -1,1 +1,1 @@
-"""Worker scripts of lesson 05; each runs on the ranks (``launch`` or torchrun), never in the kernel."""
+"""Lesson 05's worker scripts: they run on the ranks (``launch`` or torchrun), not the kernel."""

@@ -1,20 +1,12 @@
-"""When a peer is gone: how long a surviving gloo rank takes to notice, and what exit without teardown does.
+"""When a peer is gone: how long a surviving gloo rank takes to notice; exit without teardown.
 
     python -c "import ddp_tutorial as d; d.launch(d.scripts_path('peer_exit_demo.py'), 2)"
 
-Default mode: after one all-reduce, the last rank leaves at once (``os._exit(0)``,
-no teardown: as if its machine vanished, but with an exit code the launcher does
-not treat as a failure, so the survivors are not stopped for us). Every other rank
-then calls ``all_reduce`` once more, times how long it takes to fail, and reports
-``seconds_to_error``, ``error_type`` and ``error`` next to ``pg_timeout_s``, the
-process-group timeout it would otherwise wait for.
-
+Default: after one all-reduce the last rank vanishes (``os._exit(0)``, an exit code the launcher
+does not treat as a failure); every other rank all-reduces again and reports
+``seconds_to_error``, ``error_type`` and ``error`` next to ``pg_timeout_s``.
 ``--no-teardown``: every rank all-reduces, meets at a barrier and returns without
-``destroy_process_group``; the launcher's exit codes and output show what happens.
-
-Flags:
-    --pg-timeout S   process-group timeout in seconds (default 60)
-    --no-teardown    the second mode
+``destroy_process_group``. Flags: ``--pg-timeout 60``, ``--no-teardown``.
 """
 
 import argparse

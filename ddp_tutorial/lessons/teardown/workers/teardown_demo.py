@@ -2,11 +2,9 @@
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/teardown/workers/teardown_demo.py
 
-Each rank joins the group, then calls ``init_process_group`` a second time
-without leaving (it fails: the default group exists), then calls
-``destroy_process_group`` and joins again, and all-reduces in the new group.
-It reports (``run.result(rank, key)``): ``second_init_error`` (the exception's
-type and message), ``reinit_ok`` and ``reinit_all_reduce``.
+Each rank joins, calls ``init_process_group`` again without leaving (it fails), then leaves with
+``destroy_process_group``, joins again and all-reduces. Reported: ``second_init_error``,
+``initialized_after_reinit``, ``reinit_all_reduce``.
 """
 
 import os
@@ -27,17 +25,15 @@ def all_reduce_ranks() -> float:
 def rejoin(rank: int) -> None:
     """Join a new group after ``destroy_process_group``.
 
-    Under torchrun the rendezvous store is hosted by the agent and outlives the
-    group, with the old group's addresses still in it: a new group on the same
-    keys could read them and fail to connect. A fresh key prefix gives the new
-    group a clean slate. (``launch`` also hosts the store outside the group, but
-    gives every rendezvous keys of its own, so there the prefix is only harmless.) When rank 0 hosted the store
-    itself (plain env://), the store died with the group and env:// starts a new one.
+    An agent's store (torchrun, ``launch``) outlives the group with the old group's addresses in
+    it: a fresh key prefix gives the new group a clean slate. A store that rank 0 hosted itself
+    (plain env://) died with the group, and env:// starts a new one.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         dist.init_process_group("gloo")
         return
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False)
     dist.init_process_group("gloo", store=dist.PrefixStore("rejoin", store),
                             rank=rank, world_size=int(os.environ["WORLD_SIZE"]))
 
@@ -62,7 +58,8 @@ def main() -> None:
                 "initialized_after_reinit": dist.is_initialized(),
                 "reinit_all_reduce": all_reduce_ranks()})
         print(f"rank {rank}: second init without teardown -> "
-              f"{error['type'] if error else 'no error'}; after destroy_process_group it joined again",
+              f"{error['type'] if error else 'no error'}; after destroy_process_group it joined "
+              "again",
               flush=True)
     finally:
         if dist.is_initialized():
