@@ -7,26 +7,15 @@
     exercises.solution("no_sync")   # the reference solution's source
     exercises.ask("04-allreduces")  # predict first; exercises.reveal(...) after the measurement
 
-A check runs your script under a harness (``workers/harness.py``) that
-observes the torch calls it makes (init_process_group, all_reduce, DDP and
-its gradient all-reduces, DistributedSampler, no_sync, optimizer steps,
-torch.save, destroy_process_group) and judges only what it measured: any
-correct script passes, whatever its shape. It never raises for a wrong,
-crashing, hanging or missing script; it reports. The scripts share one fixed
-task (``workers/task.py``: model, data, loss, settings), so a check can compute what
-one process would have computed, and the results of typical mistakes.
-
-Each exercise is one row of ``EXERCISES``: its hint, how its check runs the script,
-the harness on the ranks and the judge; its skeleton and solution are
-``skeletons/<name>.py`` and ``solutions/<name>.py``, or, for an exercise that belongs to one
-lesson, in that lesson's folder with the rest of it (notebook 10's ``shard`` in ``lessons/sharding/``,
-notebook 11's ``my_ddp`` in ``lessons/build_ddp/``: skeleton, solution, harness and judge). Importing this module does not
-import torch: only the ranks do. The scripts the ranks run (the harness, the task,
-the references) are in ``workers/``.
+A check runs the script under a harness (``workers/harness.py``) that observes the torch calls
+it makes, and judges only what it measured: any correct script passes, whatever its shape; a
+wrong, crashing, hanging or missing one gets a report, never an exception. ``EXERCISES`` is the
+one table of the exercises. Importing this module does not import torch: only the ranks do.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import tempfile
 import textwrap
@@ -53,25 +42,15 @@ DEFAULT_TIMEOUT_S = 90.0
 WORLD_SIZE = 2
 
 
-# Notebooks 10's and 11's judges are kept with the rest of their lessons and imported when a check
-# needs them: they import this package's judge helpers, so this package cannot import them first.
-def judge_shard(run: runs.HarnessRun) -> List[judge.Criterion]:
-    from ddp_tutorial.lessons.sharding.shard_judge import judge_shard as judge_it
-    return judge_it(run)
-
-
-def judge_my_ddp(*harness_runs: runs.HarnessRun) -> List[judge.Criterion]:
-    from ddp_tutorial.lessons.build_ddp.my_ddp_judge import judge_my_ddp as judge_it
-    return judge_it(*harness_runs)
+def _lesson_judge(module: str, name: str) -> Callable[..., List[judge.Criterion]]:
+    """Notebooks 10's and 11's judges, imported when a check needs them (they import ours)."""
+    return lambda *harness_runs: getattr(importlib.import_module(module), name)(*harness_runs)
 
 
 @dataclass(frozen=True)
 class Exercise:
-    """One exercise: its ``skeleton`` and ``solution`` (by default ``skeletons/<name>.py`` and
-    ``solutions/<name>.py``), how its check runs the
-    script (``run``: ``runs.per_world_size``, ``runs.normal_then_failing`` or ``runs.three_ways``,
-    each giving the runs in order), the ``harness`` on the ranks, and ``judge(*runs)``: the
-    criteria."""
+    """One exercise: ``judge(*runs)`` of the runs ``run`` gives (in order), the ``harness`` on the
+    ranks, ``skeleton`` and ``solution`` (default ``skeletons/<name>.py``, ``solutions/<name>.py``)."""
 
     name: str
     judge: Callable[..., List[judge.Criterion]]
@@ -130,14 +109,16 @@ EXERCISES: Dict[str, Exercise] = {e.name: e for e in (
         "schedule: the epoch's tail is a shorter window), and torch.save(model.state_dict()) of "
         "the model inside DDP, only where rank == 0; drop the DDP model (= None) before "
         "destroy_process_group().")),
-    Exercise("shard", judge_shard, skeleton=SHARD / "shard_skeleton.py",
+    Exercise("shard", _lesson_judge("ddp_tutorial.lessons.sharding.shard_judge", "judge_shard"),
+             skeleton=SHARD / "shard_skeleton.py",
              solution=SHARD / "shard_solution.py", hint=(
         "optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, "
         "lr=shard.LR): it builds an Adam of its own for this rank's share of the parameters and "
         "passes lr= on to it. Before saving: optimizer.consolidate_state_dict(to=0) on every rank "
         "(it is a collective: each rank other than 0 broadcasts its shard, and every rank takes "
         "part in each broadcast), then optimizer.state_dict() on rank 0 only.")),
-    Exercise("my_ddp", judge_my_ddp, harness=MY_DDP / "my_ddp_harness.py",
+    Exercise("my_ddp", _lesson_judge("ddp_tutorial.lessons.build_ddp.my_ddp_judge", "judge_my_ddp"),
+             harness=MY_DDP / "my_ddp_harness.py",
              skeleton=MY_DDP / "my_ddp_skeleton.py", solution=MY_DDP / "my_ddp_solution.py",
              world_sizes=(2, 4), hint=(
         "In __init__: dist.broadcast(t, src=0) for every parameter and buffer (under "
@@ -155,19 +136,10 @@ EXERCISES: Dict[str, Exercise] = {e.name: e for e in (
 NAMES = tuple(EXERCISES)
 
 
-
 @dataclass
 class CheckResult:
-    """What ``check`` found.
-
-    Attributes:
-        name: the exercise.
-        passed: every criterion passed.
-        message: the report ``check`` printed.
-        criteria: (criterion, passed, detail) for each thing a correct script does.
-        pids: every process the check started (all gone once ``check`` returns).
-        seconds: how long the check took.
-    """
+    """What ``check`` found: ``criteria`` are (criterion, passed, detail), ``message`` the printed
+    report, ``pids`` every process the check started (all gone once it returns)."""
 
     name: str
     passed: bool
@@ -178,7 +150,8 @@ class CheckResult:
 
     def __repr__(self) -> str:
         ok = sum(1 for _, passed, _ in self.criteria if passed)
-        return f"CheckResult({self.name!r}, passed={self.passed}, {ok} of {len(self.criteria)} criteria)"
+        return (f"CheckResult({self.name!r}, passed={self.passed}, "
+                f"{ok} of {len(self.criteria)} criteria)")
 
 
 def _known(name: str) -> str:
@@ -188,13 +161,13 @@ def _known(name: str) -> str:
 
 
 def my_work() -> str:
-    """The folder ``start`` and ``check`` use by default: ``my_work`` (beside the notebook), or $DDP_TUTORIAL_MY_WORK."""
+    """The folder ``start`` and ``check`` use by default: $DDP_TUTORIAL_MY_WORK, else ``my_work``."""
     return os.environ.get(envvars.MY_WORK) or DEFAULT_FOLDER
 
 
 def default_script(name: str) -> Path:
-    """The file ``check(name)`` reads without a path: ``<my_work()>/<name>.py``, relative to the current
-    folder (a notebook's is ``notebooks/``); from the repository root, ``notebooks/my_work/`` as well."""
+    """``<my_work()>/<name>.py`` (a notebook's folder is ``notebooks/``); from the repository root,
+    ``notebooks/my_work/<name>.py`` where only that exists."""
     script = Path(my_work()) / f"{name}.py"
     beside_notebooks = Path("notebooks") / DEFAULT_FOLDER / f"{name}.py"
     if not script.is_file() and not os.environ.get(envvars.MY_WORK) and beside_notebooks.is_file():
@@ -203,16 +176,8 @@ def default_script(name: str) -> Path:
 
 
 def start(name: str, folder=None) -> Path:
-    """Write exercise ``name``'s skeleton to ``<folder>/<name>.py`` unless that file exists already.
-
-    Args:
-        name: one of ``NAMES``.
-        folder: where your scripts live, relative to the current folder (a notebook's is ``notebooks/``);
-            default ``my_work()``.
-
-    Returns:
-        The script's path. An existing file is never overwritten: it is your work.
-    """
+    """Write exercise ``name``'s skeleton to ``<folder>/<name>.py`` (default folder ``my_work()``)
+    and return that path; an existing file is never overwritten: it is your work."""
     path = Path(my_work() if folder is None else folder) / f"{_known(name)}.py"
     if PACKAGE_DIR.parent in path.resolve().parents:
         raise ValueError(f"{path} is inside the ddp_tutorial package: give a folder of your own")
@@ -240,22 +205,13 @@ def solution(name: str) -> Printed:
     return Printed(source)
 
 
-def check(name: str, path=None, timeout: float = DEFAULT_TIMEOUT_S, echo: str = "none") -> CheckResult:
-    """Run the script on real ranks under the harness, judge what was measured, print the report.
+def check(name: str, path=None, timeout: float = DEFAULT_TIMEOUT_S,
+          echo: str = "none") -> CheckResult:
+    """Run the script (default ``default_script(name)``) on real ranks under the harness, judge
+    what was measured, print the report and return it as a ``CheckResult``.
 
-    Args:
-        name: one of ``NAMES``.
-        path: the script; default ``<my_work()>/<name>.py`` (where ``start(name)`` writes it).
-        timeout: seconds one run may take before it counts as a hang; the teardown
-            check runs the script twice, the capstone three ways at once.
-        echo: the ranks' own output under launch, as ``launch`` shows it: "none", "rank0" or "all".
-
-    Returns:
-        A ``CheckResult``. A wrong, crashing, hanging or missing script gives
-        failed criteria, never an exception.
-
-    Raises:
-        ValueError: ``name`` is not an exercise.
+    ``timeout``: seconds one run may take before it counts as a hang; ``echo``: the ranks' own
+    output under launch ("none", "rank0" or "all"). ValueError for an unknown ``name``.
     """
     exercise = EXERCISES[_known(name)]
     t0 = time.monotonic()
@@ -279,33 +235,31 @@ def _run_folder(name: str) -> Path:
     """A new folder for this check's runs, under the runs folder ``launch`` uses."""
     root = Path(os.environ.get(envvars.RUNS_ROOT, "runs"))
     root.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-exercise-{name}-", dir=root))
+    prefix = f"{time.strftime('%Y%m%d-%H%M%S')}-exercise-{name}-"
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=root))
 
 
 def _result(exercise: Exercise, script: Path, criteria: List[judge.Criterion], pids: List[int],
             seconds: float) -> CheckResult:
     name, ranks = exercise.name, " and ".join(map(str, exercise.world_sizes))
     lines = [f"exercise {name!r}: {script}, on {ranks} ranks ({seconds:.1f} s)"]
+    unknown = 0
     for criterion in criteria:
-        if criterion.passed:
-            lines.append(f"  ✓ {criterion.name}: {criterion.detail}")
-            continue
-        if criterion.detail.startswith(judge.NOT_MEASURED):  # no evidence either way: no ✗, no reason
-            lines.append(f"  · {criterion.name}: {criterion.detail}")
+        if criterion.passed or criterion.detail.startswith(judge.NOT_MEASURED):
+            unknown += not criterion.passed  # no evidence either way: a "·", no ✗ and no reason
+            lines.append(f"  {'✓' if criterion.passed else '·'} {criterion.name}: {criterion.detail}")
             continue
         lines.append(f"  ✗ {criterion.name}")
-        for line in criterion.detail.splitlines():
-            if line[:1].isspace():  # quoted output (a traceback): as it was
-                lines.append("      " + line)
-            else:
-                lines.append(textwrap.fill(line, 110, initial_indent="      ", subsequent_indent="      ",
-                                           break_long_words=False, break_on_hyphens=False))
-    ok = sum(1 for c in criteria if c.passed)
-    unknown = sum(1 for c in criteria if not c.passed and c.detail.startswith(judge.NOT_MEASURED))
+        for line in criterion.detail.splitlines():  # quoted output (a traceback) stays as it was
+            lines.append("      " + line if line[:1].isspace() else textwrap.fill(
+                line, 110, initial_indent="      ", subsequent_indent="      ",
+                break_long_words=False, break_on_hyphens=False))
+    ok = sum(c.passed for c in criteria)
     passed = ok == len(criteria)
     lines.append(f"passed: all {len(criteria)} criteria." if passed else
                  f"not yet: {ok} of {len(criteria)} criteria pass"
-                 + (f", {unknown} not measured" if unknown else "") + f". A hint: exercises.hint({name!r})")
+                 + (f", {unknown} not measured" if unknown else "")
+                 + f". A hint: exercises.hint({name!r})")
     return CheckResult(name, passed, "\n".join(lines), [tuple(c) for c in criteria], pids, seconds)
 
 

@@ -1,11 +1,9 @@
 """Run a command in this process group, and kill the group once the launching process is gone.
 
-``python -I -S guard.py FD COMMAND...``: FD is the ranks' end of the launcher's watch
-socket (``start.launcher_watch``). It reads end-of-file when the launcher is gone, however
-it ended; the guard then kills its group, the command and what it started (torchrun
-and its agent, say). Otherwise it waits for the command and exits as it did. SIGTERM is
-for the command (``sessions.stop`` signals the whole group): the guard outlives it.
-Standard library only, and nothing of the package: it starts in about 20 ms.
+``python -I -S guard.py FD COMMAND...``: FD is the ranks' end of the launcher's watch socket
+(``start.launcher_watch``), at end-of-file once the launcher is gone, however it ended. Otherwise
+the guard exits as the command did. SIGTERM is for the command: the guard outlives it. Standard
+library only, so that it starts at once.
 """
 
 import os

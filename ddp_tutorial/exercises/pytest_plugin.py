@@ -1,10 +1,7 @@
-"""The test configuration's one change to the exercises: the learner's folder is not the tests' folder.
+"""The tests' one change to the exercises: $DDP_TUTORIAL_MY_WORK points at a temporary folder.
 
-``pyproject.toml`` loads this plugin (``-p ddp_tutorial.exercises.pytest_plugin``) for every ``pytest``
-run, unit tests and nbmake alike. It points $DDP_TUTORIAL_MY_WORK at a temporary folder before any
-test or notebook kernel starts (kernels inherit the environment), so ``exercises.start`` and
-``check`` write there instead of ``notebooks/my_work/``. Nothing else changes: the notebooks run
-exactly as a learner runs them, and the folder is removed when the session ends.
+``pyproject.toml`` loads this plugin for every ``pytest`` run; kernels inherit the environment, so
+``exercises.start`` and ``check`` write there, not into ``notebooks/my_work/``, until the run ends.
 """
 
 from __future__ import annotations
@@ -19,11 +16,9 @@ _made = []
 
 
 def pytest_configure(config) -> None:
-    if os.environ.get(MY_WORK):  # set by whoever runs pytest: theirs to keep
-        return
-    folder = tempfile.mkdtemp(prefix="ddp-tutorial-my-work-")
-    _made.append(folder)
-    os.environ[MY_WORK] = folder
+    if not os.environ.get(MY_WORK):  # one set by whoever runs pytest is theirs to keep
+        _made.append(tempfile.mkdtemp(prefix="ddp-tutorial-my-work-"))
+        os.environ[MY_WORK] = _made[-1]
 
 
 def pytest_unconfigure(config) -> None:

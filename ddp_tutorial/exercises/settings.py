@@ -1,12 +1,9 @@
-"""The task's fixed settings and the variables a check sets for the ranks; no torch, so the kernel reads them too.
-
-``task`` builds the model and data from these; the judge uses them to know
-what a correct run does (how many steps, which rank is made to fail).
-"""
+"""The task's fixed settings (``task`` builds from them, the judge knows a correct run by them).
+No torch, so the kernel reads them too."""
 
 SEED = 0
-#: 28 samples per rank on 2 ranks: 7 micro-batches of 4 per epoch, so each epoch ends with a window
-#: shorter than K (4 + 3) and a check sees where a script leaves that tail (one process: 14 = 4+4+4+2).
+#: 28 samples per rank on 2 ranks: 7 micro-batches of 4 per epoch, so each epoch ends with a
+#: window shorter than K (4 + 3): a check sees where a script leaves that tail.
 DATASET_SIZE = 56
 #: Samples per micro-batch on each rank.
 BATCH_SIZE = 4

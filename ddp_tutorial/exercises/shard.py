@@ -1,12 +1,10 @@
-"""What the shard exercise's script reads (``from ddp_tutorial.exercises import shard``): the
-learning rate of its Adam and where rank 0 saves its checkpoint. The exercise's skeleton,
-solution, harness records and judge are with notebook 10, in ``lessons/sharding/``."""
+"""What the shard exercise's script reads: its Adam's learning rate and where rank 0 saves its
+checkpoint. The rest of the exercise is with notebook 10, in ``lessons/sharding/``."""
 
 import os
 
 from ddp_tutorial import envvars
 
-#: The learning rate of the DDP script's Adam.
 LR = 0.01
 
 

@@ -1,11 +1,6 @@
-"""Judge an exercise from what the harness measured: one ``Criterion`` per thing a correct script does.
-
-Every criterion is decided from the ranks' records alone (counts, parameters,
-sampler orders, calls seen), never from the learner's source. A failed one
-says what was measured and, where the measurement matches a typical mistake,
-names it. ``common`` holds what every exercise shares; the other modules judge
-one or two exercises each (``judge_init`` ... ``judge_my_ddp``), and the table
-``exercises.EXERCISES`` says which judge each exercise has. No torch in here.
+"""Judge an exercise from the ranks' records alone, never its source: one ``Criterion`` per thing a
+correct script does; a failed one says what was measured and names the typical mistake it matches.
+``common`` holds what every exercise shares. No torch in here.
 """
 
 # What the exercises and the tests use, as ``judge.NAME``; every criterion's name is in ``common``.

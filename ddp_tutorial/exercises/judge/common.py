@@ -1,13 +1,9 @@
-"""What every exercise's judging shares: ``Criterion``, the criteria's names, and the common criteria.
-
-``ran_to_end`` (and why not: a crash, a rank waiting in a call its peers never make),
-``not_measured`` and ``absent`` for evidence that is missing, ``destroyed_everywhere``.
-No torch in here.
-"""
+"""What every exercise's judging shares: ``Criterion``, the criteria's names, the common criteria
+(``ran_to_end``, ``destroyed_everywhere``), and ``not_measured``/``absent`` for missing evidence."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 from ddp_tutorial.exercises.runs import HarnessRun
 from ddp_tutorial.exercises.settings import ACCUM_STEPS
@@ -51,12 +47,8 @@ class Criterion(NamedTuple):
     detail: str
 
 
-#: A criterion judged from every rank's ``final`` record: (run, finals by rank) -> Criterion.
-FinalsJudge = Callable[[HarnessRun, Dict[int, dict]], Criterion]
-
-
 def max_difference(a: Optional[Sequence[float]], b: Optional[Sequence[float]]) -> float:
-    """Largest absolute difference of two parameter lists (inf when one is missing or they differ in size)."""
+    """Largest absolute difference of two parameter lists (inf: one missing, or sizes differ)."""
     if a is None or b is None or len(a) != len(b):
         return float("inf")
     return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
@@ -70,8 +62,8 @@ def ranks_text(ranks: Sequence[int]) -> str:
     return ", ".join(f"rank {r}" for r in ranks)
 
 
-def judged_from_finals(run: HarnessRun, judges: Sequence[Tuple[str, FinalsJudge]]) -> List[Criterion]:
-    """``(name, judge)`` pairs judged on every rank's final record; "not measured" where a rank has none."""
+def judged_from_finals(run: HarnessRun, judges: Sequence[Tuple[str, Callable]]) -> List[Criterion]:
+    """Each ``(name, judge)``'s ``judge(run, finals)``; "not measured" where a rank has no final."""
     finals = run.finals()
     if len(finals) < run.world_size:
         return [not_measured(name, run) for name, _ in judges]
@@ -80,7 +72,7 @@ def judged_from_finals(run: HarnessRun, judges: Sequence[Tuple[str, FinalsJudge]
 
 # -- Common criteria ---------------------------------------------------------
 def where_it_waits(run: HarnessRun, rank: int) -> Optional[str]:
-    """The collective (or rendezvous) a rank still running at the deadline was waiting in, if any."""
+    """The collective (or rendezvous) a rank running at the deadline was waiting in, if any."""
     records = run.records.get(rank, [])
     entered = {r["n"]: r["op"] for r in records if r.get("event") == "collective_enter"}
     left = {r["n"] for r in records if r.get("event") == "collective"}
@@ -94,22 +86,19 @@ def where_it_waits(run: HarnessRun, rank: int) -> Optional[str]:
 
 
 def collective_calls(run: HarnessRun, rank: int) -> List[str]:
-    """The collectives the script called on ``rank``, in order (entered, whether or not they returned)."""
+    """The collectives the script entered on ``rank``, in order."""
     return [r["op"] for r in run.events(rank, "collective_enter")]
 
 
 def ended_on_its_own(run: HarnessRun, rank: int) -> bool:
-    """The rank's script ran to its end without raising: what it never called, it never would have."""
+    """The rank's script ended without raising: what it never called, it never would have."""
     final = run.final(rank)
     return final is not None and not final.get("error")
 
 
 def first_collective_difference(run: HarnessRun) -> Optional[str]:
-    """Where the ranks' sequences of collective calls first differ, in words; None where they agree.
-
-    A rank that crashed, or was stopped, before a call is not said to have skipped it:
-    only a rank whose script ended on its own, or one waiting in another collective.
-    """
+    """Where the ranks' collective calls first differ, in words (None: they agree). A rank that
+    crashed, or was stopped, before a call is not said to have skipped it."""
     calls = {r: collective_calls(run, r) for r in run.ranks}
     for i in range(max((len(c) for c in calls.values()), default=0)):
         at = {r: c[i] if i < len(c) else None for r, c in calls.items()}
@@ -127,8 +116,8 @@ def first_collective_difference(run: HarnessRun) -> Optional[str]:
                 return f"{ranks_text(never)} never called {op} ({ranks_text(callers)} did): {SAME_CALLS}"
             return (f"{ranks_text(skipped)} made {plural(i, 'collective call')}, {ranks_text(callers)} a "
                     f"{ordinal(i + 1)}: {op}: {SAME_CALLS}")
-        return (f"collective call #{i + 1} differs: " + ", ".join(f"rank {r} called {op}" for r, op in made.items())
-                + f": {SAME_CALLS}")
+        called = ", ".join(f"rank {r} called {op}" for r, op in made.items())
+        return f"collective call #{i + 1} differs: {called}: {SAME_CALLS}"
     return None
 
 
@@ -136,7 +125,7 @@ def ordinal(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
-#: Collectives that work in place: the result is in the tensor passed, the return value is None (a Work).
+#: Collectives that work in place: the result is in the tensor passed; they return None (a Work).
 IN_PLACE = ("all_reduce", "broadcast")
 
 
@@ -187,11 +176,8 @@ NOT_MEASURED = "not measured: "
 
 
 def absent(name: str, run: HarnessRun, detail: str) -> Criterion:
-    """A criterion that failed for want of something the script never did.
-
-    In a run that stopped early (a crash, a deadline) the script may simply not
-    have got there: then it is "not measured", never a ✗ with a reason that may be false.
-    """
+    """Failed for want of something the script never did; "not measured" in a run that stopped
+    early, where the script may not have got there."""
     if run.finished:
         return Criterion(name, False, detail)
     return not_measured(name, run, "the script stopped before it got there (see the first criterion)")

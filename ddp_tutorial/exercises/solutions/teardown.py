@@ -21,10 +21,7 @@ try:
             task.loss_fn(model(x), y).backward()
             optimizer.step()
 finally:
-    # Runs on every path, an exception's too. destroy_process_group removes the group from
-    # torch's registries and calls the backend's shutdown where it has one; gloo has none, so
-    # its sockets and threads close when the last reference to the group goes, or at exit.
-    # With gloo it returns promptly even if a peer died; with nccl, a collective stuck on a
-    # dead peer must be aborted first (the watchdog, TORCH_NCCL_ASYNC_ERROR_HANDLING).
+    # Runs on every path, an exception's too. With gloo it returns promptly even if a peer died;
+    # with nccl, a collective stuck on a dead peer must be aborted first (the watchdog).
     model = None  # DDP holds the group; dropped after destroy it can deadlock gloo (torch 2.13, README)
     dist.destroy_process_group()

@@ -1,18 +1,12 @@
 """The harness's observers: wrappers around the torch calls a DDP script makes, and what they saw.
 
-``Observers.install`` puts them on torch (``init_process_group``, the collectives,
-``destroy_process_group``, DistributedDataParallel's ``__init__``, ``forward`` and
-``no_sync``, the optimizer step, DistributedSampler and DataLoader iteration,
-``torch.save``); ``remove`` puts the originals back. Exercise "shard" adds its own
-(``shard_records.observe``). ``Observations`` holds the
-counts they keep, ``as_record()`` gives them for the ``final`` record. The calls
-that happen once, or that a rank may hang in, are ``report()``ed the moment they
-happen (``init_called``, ``init``, ``collective_enter``, ``collective``, ``destroy``).
+``Observers.install`` puts them on torch, ``remove`` puts the originals back; ``Observations``
+holds their counts (``as_record()``: the ``final`` record). Calls that happen once, or that a
+rank may hang in, are ``report()``ed the moment they happen.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import inspect
 import os
@@ -33,6 +27,8 @@ from ddp_tutorial.runfolder import report
 
 #: Tensors up to this many elements are recorded by value in all-reduce records.
 SMALL_TENSOR = 16
+#: The collectives whose first argument is the tensor they work on.
+TENSOR_FIRST = ("all_reduce", "broadcast", "reduce")
 
 
 class LauncherMismatch(RuntimeError):
@@ -40,50 +36,43 @@ class LauncherMismatch(RuntimeError):
 
 
 def refuse_a_group_that_cannot_form(launcher, init_method, port, rank, world_size) -> None:
-    """Raise ``LauncherMismatch`` where the arguments contradict what the launcher set up.
-
-    Under launch and torchrun every rank joins the launcher's store as a client,
-    so a rendezvous at another port waits for a server that never comes, and
-    ranks that claim other ranks or world sizes than they were given wait for
-    peers that never arrive: the rank is stopped at once instead of at the deadline.
-    """
+    """Raise ``LauncherMismatch`` where the arguments contradict the launcher's: such a rank would
+    wait, until the deadline, for a store server or peers that never come."""
     if launcher["port"] is None:  # not under a launcher: nothing to contradict
         return
     if port not in ("store", "file", launcher["port"]):
         raise LauncherMismatch(
-            f"init_process_group(init_method={init_method!r}) meets at port {port}, but the launcher's "
-            f"rendezvous is MASTER_PORT={launcher['port']}; stopped here instead of waiting for a "
-            "rendezvous that never comes")
+            f"init_process_group(init_method={init_method!r}) meets at port {port}, but the "
+            f"launcher's rendezvous is MASTER_PORT={launcher['port']}; stopped here instead of "
+            "waiting for a rendezvous that never comes")
     if rank not in (None, launcher["rank"]) or world_size not in (None, launcher["world_size"]):
         raise LauncherMismatch(
-            f"init_process_group(rank={rank}, world_size={world_size}) in the process the launcher made "
-            f"rank {launcher['rank']} of {launcher['world_size']}; stopped here instead of waiting for "
-            "a group that cannot form")
+            f"init_process_group(rank={rank}, world_size={world_size}) in the process the launcher "
+            f"made rank {launcher['rank']} of {launcher['world_size']}; stopped here instead of "
+            "waiting for a group that cannot form")
 
 
 class Observations:
     """What the observers saw in this rank; ``as_record()`` is the ``final`` report."""
 
     def __init__(self):
-        self.ddp_wraps = []  # per DistributedDataParallel built: its parameters right after wrapping
+        self.ddp_wraps = []  # per DDP built: its parameters right after wrapping
         self.ddp_modules = []  # the modules those wrap
         self.bucket_allreduces = 0  # gradient buckets all-reduced, counted by the comm hook
         self.bucket_indices = set()
         self.ddp_forwards = 0
-        self.syncing_forwards = 0  # forwards after which backward all-reduces
         self.no_sync_entries = 0
         self.optimizer_steps = 0
         self.params_per_step = []
-        self.forwards_at_step = []  # ddp_forwards when each optimizer step ran: where the windows end
+        self.forwards_at_step = []  # ddp_forwards at each optimizer step: where windows end
         self.last_optimizer = None
-        self.params_with_grad = 0  # the most of the stepped optimizer's parameters that had a .grad at a step
-        self.zero_grad_at = []  # ddp_forwards when each zero_grad() ran (an optimizer's or a module's)
+        self.params_with_grad = 0  # the most parameters with a .grad at one optimizer step
+        self.zero_grad_at = []  # ddp_forwards at each zero_grad() (an optimizer's or a module's)
         self.sampler_iterations = []
         self.loader_iterations = []
         self.saves = []
-        self.collectives = 0  # the script's own collective calls (all_reduce, barrier, broadcast, ...)
+        self.collectives = 0  # the script's own collective calls (all_reduce, barrier, ...)
         self.ddp_attempts = 0  # DistributedDataParallel(...) calls, including ones that raised
-        self.destroy_calls = 0
         self.init_world_size = None
         self.zeros = []  # every ZeroRedundancyOptimizer built (its inner optimizer may come later)
         self.consolidations = []  # each consolidate_state_dict call: `to`, and after how many steps
@@ -105,8 +94,7 @@ class Observations:
         return None
 
     def optimizer_trains_ddp_model(self):
-        """Whether the last stepped optimizer's parameters are those of a module DDP wraps
-        (None: no step, or no DDP)."""
+        """Whether the last stepped optimizer steps a module DDP wraps (None: no step or no DDP)"""
         if self.last_optimizer is None or not self.ddp_modules:
             return None
         wrapped = {id(p) for module in self.ddp_modules for p in module.parameters()}
@@ -154,8 +142,8 @@ def rendezvous_port(init_method, store):
 
 
 def called_from_torch() -> bool:
-    """Whether the collective being observed was called by torch itself (the first caller outside this file):
-    torch's own calls (Join's all-reduce, whose Work DDP's reducer waits for in C++) count as done at once."""
+    """Whether the first caller outside this file is torch: torch's own collectives (Join's, whose
+    Work DDP's reducer waits for in C++) count as done at once."""
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename == __file__:
         frame = frame.f_back
@@ -167,7 +155,7 @@ class Observers:
 
     def __init__(self, seen: Observations, launcher: dict):
         self.seen = seen
-        self.launcher = launcher  # port, rank, world_size as the launcher set them (port None: none)
+        self.launcher = launcher  # port, rank, world_size as set by the launcher (port None: none)
         self._patched = []  # (owner, attribute, original)
         self._hook = None
         self._on_wait = {}  # id(work) -> (work, what to do the first time the script waits for it)
@@ -175,6 +163,15 @@ class Observers:
     def patch(self, owner, name, replacement):
         self._patched.append((owner, name, getattr(owner, name)))
         setattr(owner, name, replacement)
+
+    def before(self, owner, name, note):
+        """Patch ``owner.name`` to call ``note`` with its arguments first."""
+        original = getattr(owner, name)
+
+        def observed(*args, **kwargs):
+            note(*args, **kwargs)
+            return original(*args, **kwargs)
+        self.patch(owner, name, observed)
 
     def remove(self):
         for owner, name, original in reversed(self._patched):
@@ -198,8 +195,9 @@ class Observers:
             seen.forwards_at_step.append(seen.ddp_forwards)
             seen.last_optimizer = optimizer
             params = optimizer_parameters(optimizer)
-            seen.params_with_grad = max(seen.params_with_grad, sum(p.grad is not None for p in params))
-            seen.params_per_step.append(reference.flat_parameters(optimizer_parameters(optimizer)))
+            with_grad = sum(p.grad is not None for p in params)
+            seen.params_with_grad = max(seen.params_with_grad, with_grad)
+            seen.params_per_step.append(reference.flat_parameters(params))
 
         self._hook = register_optimizer_step_post_hook(after_step)
 
@@ -216,51 +214,35 @@ class Observers:
 
         self.patch(DistributedSampler, "__iter__", observed_sampler_iter)
 
-        loader_iter = torch.utils.data.DataLoader.__iter__
-
-        def observed_loader_iter(loader):
+        self.before(torch.utils.data.DataLoader, "__iter__", lambda loader: (
             seen.loader_iterations.append({
-                "dataset": dataset_fingerprint(loader.dataset), "sampler": type(loader.sampler).__name__,
-                "batch_size": loader.batch_size, "forwards_before": seen.ddp_forwards})
-            return loader_iter(loader)
-
-        self.patch(torch.utils.data.DataLoader, "__iter__", observed_loader_iter)
-
+                "dataset": dataset_fingerprint(loader.dataset), "batch_size": loader.batch_size,
+                "sampler": type(loader.sampler).__name__, "forwards_before": seen.ddp_forwards})))
         for owner in (torch.optim.Optimizer, torch.nn.Module):
-            self.patch(owner, "zero_grad", self._observed_zero_grad(owner.zero_grad))
+            self.before(owner, "zero_grad", lambda *_, **__: (
+                seen.zero_grad_at.append(seen.ddp_forwards)))
 
-        save = torch.save
-
-        def observed_save(obj, f, *args, **kwargs):
+        def note_save(obj, f, *args, **kwargs):
             if not seen.consolidating:
                 path = isinstance(f, (str, os.PathLike))
                 seen.saves.append({"path": os.path.abspath(f) if path else f"<{type(f).__name__}>"})
-            return save(obj, f, *args, **kwargs)
 
-        self.patch(torch, "save", observed_save)
-        self.patch(torch.serialization, "save", observed_save)
+        for owner in (torch, torch.serialization):
+            self.before(owner, "save", note_save)
 
     def _observe_waits(self):
-        """``Work.wait`` observed on torch's class: every Work stays torch's own object (DDP's reducer takes
-        one from Join and casts it to its C++ type; a Python wrapper cannot be cast)."""
+        """``Work.wait`` observed on torch's class: a Work stays torch's own object (DDP's reducer
+        casts Join's to its C++ type, which a Python wrapper is not)."""
         wait, on_wait = dist.Work.wait, self._on_wait
 
         def observed_wait(work, *args, **kwargs):
-            result = wait(work, *args, **kwargs)  # a failed collective raises here, as it would unobserved
+            result = wait(work, *args, **kwargs)  # a failed collective raises here, as unobserved
             entry = on_wait.pop(id(work), None)
             if entry is not None and entry[0] is work:
                 entry[1]()
             return result
 
         self.patch(dist.Work, "wait", observed_wait)
-
-    def _observed_zero_grad(self, zero_grad):
-        seen = self.seen
-
-        def observed(obj, *args, **kwargs):
-            seen.zero_grad_at.append(seen.ddp_forwards)
-            return zero_grad(obj, *args, **kwargs)
-        return observed
 
     def _observe_process_group(self, keep_store: bool):
         seen, launcher = self.seen, self.launcher
@@ -271,11 +253,11 @@ class Observers:
             given = signature.bind(*args, **kwargs).arguments
             init_method = given.get("init_method")
             port = rendezvous_port(init_method, given.get("store"))
-            report({"event": "init_called", "backend": given.get("backend"), "init_method": init_method,
-                    "rendezvous_port": port, "launcher_port": launcher["port"],
-                    "rank_arg": given.get("rank"), "world_size_arg": given.get("world_size")})
-            refuse_a_group_that_cannot_form(launcher, init_method, port, given.get("rank"),
-                                            given.get("world_size"))
+            rank, world_size = given.get("rank"), given.get("world_size")
+            report({"event": "init_called", "backend": given.get("backend"),
+                    "init_method": init_method, "rendezvous_port": port,
+                    "launcher_port": launcher["port"], "rank_arg": rank, "world_size_arg": world_size})
+            refuse_a_group_that_cannot_form(launcher, init_method, port, rank, world_size)
             init(*args, **kwargs)
             seen.init_world_size = dist.get_world_size()
             if keep_store:
@@ -298,8 +280,8 @@ class Observers:
                     report({"event": "collective", "op": op, "n": number, "input": values,
                             "output": small_values(tensor)})
 
-                # async_op=True from the script: done once the script waits (the result is in the tensor
-                # only then). The Work itself goes back untouched, to the script and to torch alike.
+                # async_op=True: done once the script waits (only then is the result in the tensor).
+                # The Work goes back untouched, to the script and to torch alike.
                 if work is not None and hasattr(work, "wait") and not called_from_torch():
                     self._on_wait[id(work)] = (work, done)
                 else:
@@ -307,26 +289,16 @@ class Observers:
                 return work
             return observed
 
-        destroy = c10d.destroy_process_group
-
-        def observed_destroy(*args, **kwargs):
-            seen.destroy_calls += 1
-            # Written before the group goes: the peers may fail (and the launcher stop
-            # this rank) the moment its connections close.
-            report({"event": "destroy", "initialized": dist.is_initialized()})
-            return destroy(*args, **kwargs)
-
-        wrapped = {"init_process_group": observed_init, "destroy_process_group": observed_destroy,
-                   "all_reduce": observed_collective("all_reduce", c10d.all_reduce, takes_tensor=True),
-                   "barrier": observed_collective("barrier", c10d.barrier),
-                   "broadcast": observed_collective("broadcast", c10d.broadcast, takes_tensor=True),
-                   "reduce": observed_collective("reduce", c10d.reduce, takes_tensor=True),
-                   **{op: observed_collective(op, getattr(c10d, op)) for op in (
-                       "all_gather", "all_gather_object", "broadcast_object_list", "gather", "scatter",
-                       "reduce_scatter")}}
+        wrapped = {"init_process_group": observed_init, **{
+            op: observed_collective(op, getattr(c10d, op), op in TENSOR_FIRST) for op in (
+                "all_reduce", "barrier", "broadcast", "reduce", "all_gather", "all_gather_object",
+                "broadcast_object_list", "gather", "scatter", "reduce_scatter")}}
         for owner in (dist, c10d):
             for name, replacement in wrapped.items():
                 self.patch(owner, name, replacement)
+            # Written first: the peers may fail (and the launcher stop this rank) once it is gone.
+            self.before(owner, "destroy_process_group", lambda *_, **__: (
+                report({"event": "destroy", "initialized": dist.is_initialized()})))
 
     def _observe_ddp(self):
         seen = self.seen
@@ -341,14 +313,11 @@ class Observers:
 
         register_comm_hook = DistributedDataParallel.register_comm_hook
 
-        def observed_register_comm_hook(ddp, state, hook):
-            """The script's own comm hook (DDP takes one), counted as the default one would be."""
+        def observed_register_comm_hook(ddp, state, hook):  # the script's own: counted too
             register_comm_hook(ddp, state, counting(hook))
             ddp._harness_hooked = True
 
-        def count_bucket_allreduces(ddp):
-            """Before the first forward, unless the script registered a hook of its own: DDP's own
-            averaging (its default all-reduce), counted."""
+        def count_bucket_allreduces(ddp):  # DDP's default all-reduce, unless the script has a hook
             if not getattr(ddp, "_harness_hooked", False):
                 register_comm_hook(ddp, ddp.process_group, counting(default_hooks.allreduce_hook))
                 ddp._harness_hooked = True
@@ -357,35 +326,21 @@ class Observers:
             seen.ddp_attempts += 1
             ddp_init(ddp, *args, **kwargs)  # broadcasts rank 0's parameters and buffers
             seen.ddp_modules.append(ddp.module)
-            seen.ddp_wraps.append({"params_after_wrap": reference.flat_parameters(ddp.module.parameters())})
+            params = reference.flat_parameters(ddp.module.parameters())
+            seen.ddp_wraps.append({"params_after_wrap": params})
 
         self.patch(DistributedDataParallel, "__init__", observed_ddp_init)
         self.patch(DistributedDataParallel, "register_comm_hook", observed_register_comm_hook)
-        builtin_hook = DistributedDataParallel._register_builtin_comm_hook
+        # A built-in hook is not counted; the script's choice stands.
+        self.before(DistributedDataParallel, "_register_builtin_comm_hook",
+                    lambda ddp, *_: setattr(ddp, "_harness_hooked", True))
 
-        def observed_builtin_hook(ddp, comm_hook_type):  # not counted, but the script's choice stands
-            builtin_hook(ddp, comm_hook_type)
-            ddp._harness_hooked = True
-
-        self.patch(DistributedDataParallel, "_register_builtin_comm_hook", observed_builtin_hook)
-
-        forward = DistributedDataParallel.forward
-
-        def observed_forward(ddp, *args, **kwargs):
+        def note_forward(ddp, *args, **kwargs):
             count_bucket_allreduces(ddp)
             seen.ddp_forwards += 1
-            if ddp.require_backward_grad_sync and torch.is_grad_enabled():
-                seen.syncing_forwards += 1  # DDP decides here that the coming backward all-reduces
-            return forward(ddp, *args, **kwargs)
 
-        self.patch(DistributedDataParallel, "forward", observed_forward)
-
-        no_sync = DistributedDataParallel.no_sync
-
-        @contextlib.contextmanager
-        def observed_no_sync(ddp):
+        def note_no_sync(ddp):
             seen.no_sync_entries += 1
-            with no_sync(ddp):
-                yield
 
-        self.patch(DistributedDataParallel, "no_sync", observed_no_sync)
+        self.before(DistributedDataParallel, "forward", note_forward)
+        self.before(DistributedDataParallel, "no_sync", note_no_sync)

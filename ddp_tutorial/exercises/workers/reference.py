@@ -1,9 +1,5 @@
-"""What a correct DDP script computes, computed in one process; and what typical mistakes compute.
-
-The harness runs these on rank 0 after the learner's script, so a check can say
-not only "the parameters differ" but "they match a run whose loss was not
-divided by K". Runs in the ranks (imports torch).
-"""
+"""What a correct DDP script computes, and what typical mistakes compute, in one process: a check
+can say "they match a run whose loss was not divided by K". The harness runs it on rank 0."""
 
 from __future__ import annotations
 
@@ -22,10 +18,7 @@ def flat_parameters(params) -> List[float]:
 
 
 def micro_batches(dataset, world_size: int, epoch: int, sampler_seed: int) -> List[List[int]]:
-    """Micro-batch i of the epoch on every rank together: the indices of "global micro-batch" i.
-
-    Rank r reads ``DistributedSampler(..., rank=r)``'s order in micro-batches of BATCH_SIZE.
-    """
+    """Per micro-batch i of the epoch, the indices every rank's DistributedSampler gives it."""
     shards = []
     for rank in range(world_size):
         sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
@@ -33,27 +26,18 @@ def micro_batches(dataset, world_size: int, epoch: int, sampler_seed: int) -> Li
         sampler.set_epoch(epoch)
         shards.append(list(sampler))
     size = task.BATCH_SIZE
-    return [[i for shard in shards for i in shard[start:start + size]] for start in range(0, len(shards[0]), size)]
+    return [[i for shard in shards for i in shard[start:start + size]]
+            for start in range(0, len(shards[0]), size)]
 
 
 def train_one_process(world_size: int, sampler_seed: int = 0, divide_by: str = "window",
                       tail: str = "own window", set_epoch: bool = True) -> List[float]:
-    """Final parameters of one process that applies what W ranks' averaged, accumulated gradients add up to.
+    """Final parameters of one process standing for ``world_size`` DDP ranks: with equal
+    micro-batches, their averaged gradient is that of the mean loss over global micro-batch i.
 
-    DDP averages the ranks' gradients; with equal micro-batches, the average of the
-    ranks' micro-batch i is the mean loss over global micro-batch i. So one process
-    that backwards each global micro-batch's mean loss, divided as the script divides
-    it, and steps where the script steps, ends with the script's parameters.
-
-    Args:
-        world_size: W of the DDP run this stands for.
-        sampler_seed: the ``seed`` the run's DistributedSampler used.
-        divide_by: "window" (right: each loss over the size of its window, K or the
-            shorter last one), "K" (the last, shorter window's loss over K too), or "1" (not divided).
-        tail: "own window" (right: a step after the epoch's last micro-batch too) or
-            "left in .grad" (a step only after every K-th micro-batch: the epoch's
-            tail stays in .grad and joins the next epoch's first step).
-        set_epoch: False stands for "every epoch reused epoch 0's order".
+    The defaults are right; the mistakes: ``divide_by`` "K" (the shorter last window's loss over
+    K too) or "1"; ``tail`` "left in .grad" (a step only after every K-th micro-batch);
+    ``set_epoch`` False (every epoch reuses epoch 0's order).
     """
     k = task.ACCUM_STEPS
     model = task.make_model()
@@ -86,4 +70,5 @@ MISTAKES = {
 def references(world_size: int, sampler_seed: int = 0) -> dict:
     """The correct result and the typical mistakes' results, by name."""
     return {"correct": train_one_process(world_size, sampler_seed),
-            **{name: train_one_process(world_size, sampler_seed, **kwargs) for name, kwargs in MISTAKES.items()}}
+            **{name: train_one_process(world_size, sampler_seed, **kwargs)
+               for name, kwargs in MISTAKES.items()}}

@@ -1,12 +1,7 @@
 """The exercises' fixed task: one tiny seeded model, one seeded dataset, the loss and the settings.
 
-Every skeleton imports it (``from ddp_tutorial.exercises.workers import task``), so a
-check knows exactly what a correct script computes: the reference is one process
-training the same model on the same data (``ddp_tutorial.exercises.workers.reference``).
-Everything here is built from fixed seeds and draws nothing from torch's global
-random state, so every rank builds the same model and the same dataset.
-
-This module runs in the ranks (it imports torch); the notebook never imports it.
+Every skeleton imports it, so a check knows what a correct script computes (``reference``). It
+draws nothing from torch's global random state: every rank builds the same model and data.
 """
 
 from __future__ import annotations
@@ -19,18 +14,8 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from ddp_tutorial import envvars
-from ddp_tutorial.exercises.settings import (
-    ACCUM_STEPS,
-    BATCH_SIZE,
-    DATASET_SIZE,
-    EPOCHS,
-    FAIL_AT_CALL,
-    LR,
-    SEED,
-)
-
-__all__ = ["SEED", "DATASET_SIZE", "BATCH_SIZE", "ACCUM_STEPS", "EPOCHS", "LR", "InjectedFailure",
-           "make_model", "make_dataset", "local_batches", "make_optimizer", "loss_fn", "checkpoint_path"]
+from ddp_tutorial.exercises.settings import (  # noqa: F401 (the scripts read them as task.*)
+    ACCUM_STEPS, BATCH_SIZE, DATASET_SIZE, EPOCHS, FAIL_AT_CALL, LR, SEED)
 
 IN_FEATURES, HIDDEN, OUT_FEATURES = 4, 8, 2
 
@@ -59,7 +44,7 @@ def make_dataset(seed: int = SEED, size: int = DATASET_SIZE) -> TensorDataset:
 
 
 def local_batches(rank: int, steps: int, size: int = BATCH_SIZE):
-    """``steps`` batches (x, y) that differ from rank to rank: for showing that DDP averages gradients."""
+    """``steps`` batches (x, y) that differ from rank to rank (exercise "wrap")."""
     data = make_dataset(seed=SEED + 1000 + rank, size=steps * size)
     return [data[i * size:(i + 1) * size] for i in range(steps)]
 
@@ -80,7 +65,7 @@ def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     if fail_rank is not None and fail_rank == os.environ.get("RANK") and _loss_calls == FAIL_AT_CALL:
         from ddp_tutorial.runfolder import report  # only here: a plain run needs no run folder
 
-        report({"event": "injected_failure", "call": _loss_calls})  # the check orders it with teardown
+        report({"event": "injected_failure", "call": _loss_calls})  # ordered against destroy
         raise InjectedFailure(f"rank {fail_rank} fails on purpose in micro-step {FAIL_AT_CALL} "
                               "(the check's test of what a failing rank leaves behind)")
     return F.mse_loss(output, target)

@@ -1,4 +1,5 @@
-"""Wrong answer to the capstone: a correct port, except that it saves the DDP wrapper's state_dict()."""
+"""Wrong answer to the capstone, two mistakes: set_epoch is never called, and it saves the DDP
+wrapper's state_dict()."""
 
 import contextlib
 import os
@@ -32,7 +33,6 @@ def main():
 
         n = len(loader)  # this rank's micro-batches per epoch: not always a multiple of K
         for epoch in range(task.EPOCHS):
-            sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
             for i, (x, y) in enumerate(loader):
                 window = min(K, n - (i - i % K))  # this window's size: K, or what is left of the epoch
                 last_of_window = (i + 1) % K == 0 or i == n - 1  # the epoch's tail ends a window too
