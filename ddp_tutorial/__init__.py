@@ -1,9 +1,7 @@
 """ddp-tutorial: learn DistributedDataParallel by running it and measuring each step::
 
     run = ddp_tutorial.launch(ddp_tutorial.TRAIN_SCRIPT, world_size=4, args=["--epochs", "2"])
-    ddp_tutorial.plots.plot_loss_curves(run)
-
-Importing this package does not import torch: only the worker processes do.
+    ddp_tutorial.plots.plot_loss_curves(run)    # importing the package imports no torch
 """
 
 import sys

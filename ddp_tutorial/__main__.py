@@ -1,6 +1,5 @@
 """Run the whole demo: ``python -m ddp_tutorial`` trains with 4 CPU ranks and saves two figures.
 
-    python -m ddp_tutorial                      # 4 ranks, gloo, small straggler delay
     python -m ddp_tutorial --world-size 2 --accum-steps 4 --bug forward-outside-no-sync
     python -m ddp_tutorial --help               # every flag
 

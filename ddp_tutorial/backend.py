@@ -1,8 +1,6 @@
 """Which process-group backend a rank uses: one rule, for train.py and the worker scripts.
-
 ``auto`` is nccl when every rank on this node can have its own GPU, else gloo (a one-GPU laptop
-running 4 ranks trains on CPU instead of failing). ``choose_backend`` is a pure function of the GPU
-count, so the rule is checked for any machine. Importing this module does not import torch.
+running 4 ranks trains on CPU instead of failing). Importing this module does not import torch.
 """
 
 from __future__ import annotations
@@ -14,10 +12,8 @@ BACKENDS = ("auto", "gloo", "nccl")
 
 
 def choose_backend(requested: str, gpus: int, local_world_size: int) -> Tuple[str, str]:
-    """(backend, why) for ``requested`` on a node with ``gpus`` GPUs and ``local_world_size`` ranks.
-
-    ValueError: an unknown backend, or nccl without one GPU per rank on this node.
-    """
+    """(backend, why) for ``requested`` on a node with ``gpus`` GPUs and ``local_world_size`` ranks;
+    ValueError for an unknown backend, or nccl without one GPU per rank on this node."""
     if requested not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
     have = f"{gpus} GPU(s) for {local_world_size} rank(s) on this node"

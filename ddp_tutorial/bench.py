@@ -167,8 +167,7 @@ def headline_numbers(results: Dict) -> Dict[str, float]:
         "alpha_s": fit["alpha_s"], "bandwidth": fit["bandwidth"], "r2": fit["r2"],
         "crosscheck_gap": results["crosscheck"]["sweep_gap"], "bucket_speedup": bucket_speedup(ddp),
         "overlap_s": ddp["overlap"]["avg_backward_compute_comm_overlap_time_s"],
-        "launch_ratio": launch["ratio"], "launch_fixed_ratio": launch["fixed_ratio"],
-        "launch_warm_ratio": launch["warm_ratio"],
+        "launch_ratio": launch["ratio"], "launch_warm_ratio": launch["warm_ratio"],
         "instrumentation_overhead": ddp["overhead"]["overhead"],
         "sync_fidelity_ratio": ddp["fidelity"]["ratio"],
         **{f"efficiency[{p['job']}, {p['alpha']}, K={p['accum_steps']}, {k}]": v

@@ -1,7 +1,6 @@
 """Checkpoints: the atomic save, the load, train.py's exact resume, and the check of a checkpoint
 against the run that resumes from it. The kernel calls ``check_settings`` (standard library only)
-before any process starts; the rest runs on the ranks and imports torch when called.
-"""
+before any process starts; the rest runs on the ranks and imports torch when called."""
 
 from __future__ import annotations
 
@@ -96,11 +95,8 @@ def temp_files(path: PathLike) -> List[Path]:
 
 
 def save_checkpoint(state: Dict[str, Any], path: PathLike) -> Path:
-    """Write ``state`` to ``path`` atomically: a crash leaves the previous checkpoint or none.
-
-    A temporary file of its own in the same folder (``os.replace`` is atomic only within one file
-    system), fsynced, renamed over ``path``; then the folder is fsynced, so the rename is on disk.
-    """
+    """Write ``state`` to ``path`` atomically: a crash leaves the previous checkpoint or none. The
+    temporary file is in the same folder: ``os.replace`` is atomic only within one file system."""
     import torch  # here, not at the top: the kernel imports this module for check_settings
 
     path = Path(path)
@@ -116,7 +112,7 @@ def save_checkpoint(state: Dict[str, Any], path: PathLike) -> Path:
     except BaseException:
         Path(name).unlink(missing_ok=True)  # only our own: another writer's may be in progress
         raise
-    folder = os.open(path.parent, os.O_RDONLY)  # POSIX only, as is the kit (platforms.py)
+    folder = os.open(path.parent, os.O_RDONLY)  # fsync the folder too: the rename is on disk
     try:
         os.fsync(folder)
     finally:

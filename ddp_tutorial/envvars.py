@@ -1,7 +1,5 @@
 """Every environment variable the kit passes between its processes, named once (and its one signal).
-
-The kernel sets them for the ranks (``launcher/start.py``), the ranks read them; a learner may set
-the first three to change a default. Standard library only, so both sides import it.
+The kernel sets them for the ranks, the ranks read them; a learner may set the first three.
 """
 
 import os

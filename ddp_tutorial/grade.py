@@ -1,8 +1,5 @@
-"""``python -m ddp_tutorial.grade SUBMISSIONS [--out DIR] [--jobs N] [--timeout S]``: grade a class.
-
-The command only: the grader lives in ``teacher/grade/`` (docs/grading.md). Exit status: 0 done,
-2 layout refused, 3 this machine cannot run the sandbox.
-"""
+"""``python -m ddp_tutorial.grade SUBMISSIONS [--out DIR] [--jobs N] [--timeout S]``: grade a class
+with ``teacher/grade/`` (docs/grading.md). Exit 0 done, 2 layout refused, 3 no sandbox here."""
 
 import argparse
 import sys

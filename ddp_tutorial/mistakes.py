@@ -1,7 +1,5 @@
-"""The original demo's mistakes: the one catalogue, from which train.py's ``--bug`` choices,
-notebook 00's and the README's tables come. Standard library only (kernel and ranks import it);
-the original's code is ``rank/original.py``.
-"""
+"""The original demo's mistakes: the one catalogue of train.py's ``--bug`` choices and notebook
+00's and the README's tables (the original's code: ``rank/original.py``). Standard library only."""
 
 from __future__ import annotations
 
@@ -54,7 +52,5 @@ MISTAKES = (
 
 #: The original's code, a file the kernel reads (``lessons.mistake_diff``) and never imports.
 ORIGINAL_SCRIPT = str(Path(__file__).resolve().parent / "rank" / "original.py")
-#: ``--bug NAME`` -> what goes wrong: the mistakes train.py can reproduce.
-BUGS = {m.name: m.what for m in MISTAKES if m.function}
 #: ``--bug NAME`` -> the train.py function whose original version it runs.
-BUG_FUNCTIONS: Dict[str, str] = {m.name: m.function for m in MISTAKES if m.function}
+BUGS: Dict[str, str] = {m.name: m.function for m in MISTAKES if m.function}

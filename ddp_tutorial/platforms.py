@@ -1,7 +1,5 @@
-"""Where the kit runs (docs/platforms.md), and one line at import where it cannot.
-
-Native Windows lacks what the launcher stands on (POSIX process groups and signals: ``os.killpg``,
-SIGUSR2 for a rank's stacks) and the grader's Linux namespaces; WSL2 is Linux, and runs it all.
+"""Where the kit runs (docs/platforms.md), and one line at import where it cannot: native Windows,
+which lacks POSIX process groups and signals (``WINDOWS_REFUSAL``); WSL2 is Linux, and runs it all.
 """
 
 import sys

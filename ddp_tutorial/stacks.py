@@ -1,8 +1,6 @@
-"""Where was each rank? At a launch's deadline, every rank's bootstrap has ``faulthandler`` write
-its threads' Python stacks (``rank/bootstrap.py``); this turns them into what a learner needs: the
-main thread's stack from the script on, and the ``torch.distributed`` call it was waiting in.
-Standard library only (kernel side).
-"""
+"""Where was each rank? At a launch's deadline, ``faulthandler`` writes every rank's stacks
+(``rank/bootstrap.py``); this gives the main thread's stack from the script on, and the
+``torch.distributed`` call it was waiting in. Standard library only (kernel side)."""
 
 from __future__ import annotations
 
@@ -68,12 +66,9 @@ def script_stack(text: str) -> str:
 
 
 def waiting_in(text: str) -> Optional[str]:
-    """The ``torch.distributed`` call the script was inside, e.g. ``"all_reduce"``; None if none.
-
-    An innermost ``Future.wait`` is named so; else the outermost frame in ``distributed_c10d.py``
-    is the collective called (inner ones are its helpers); else the outermost of DDP or
-    torch.distributed; else a script line calling ``.wait()`` is a ``Work.wait`` (C++, no frame).
-    """
+    """The ``torch.distributed`` call the script was inside (``"all_reduce"``, ``FUTURE_WAIT``...),
+    or None: the outermost frame in ``distributed_c10d.py`` (inner ones are its helpers); else a
+    script line calling ``.wait()`` with no torch frame below is a ``Work.wait`` (C++)."""
     frames = list(reversed(_main_thread(text)))  # outermost first
     if frames and frames[-1][0].endswith(_FUTURES) and frames[-1][2] == "wait":
         return FUTURE_WAIT

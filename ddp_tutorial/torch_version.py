@@ -1,9 +1,7 @@
-"""Which torch the kit runs on, and one clear line at import when it cannot use it.
-
-Importing ``ddp_tutorial`` refuses (one line with the fix) a Python older than ``PYTHON_FLOOR``
-(for a clone imported uninstalled: pip refuses at install) and a torch older than ``FLOOR`` or none;
-a torch newer than ``NEWEST_TESTED`` gets a line on stderr (docs/torch-versions.md). Nothing here
-imports torch: the version is read from the ``torch/version.py`` that ``import torch`` would load.
+"""Which torch the kit runs on. Importing ``ddp_tutorial`` refuses in one line, with the fix, a
+Python older than ``PYTHON_FLOOR`` (a clone imported uninstalled) and a torch older than ``FLOOR``
+or none; a torch newer than ``NEWEST_TESTED`` gets a line on stderr (docs/torch-versions.md).
+Nothing here imports torch: it reads the ``torch/version.py`` that ``import torch`` would load.
 """
 
 from __future__ import annotations

@@ -84,12 +84,9 @@ def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def init_process_group(backend: str = "auto", timeout_s: float = 300.0, store=None) -> DistEnv:
-    """Step 1: join the process group (with gloo, it returns once every rank has arrived).
-
-    Without torchrun's variables (RANK, WORLD_SIZE, ...): a single-process ``DistEnv``.
-    ``backend``: "gloo", "nccl" or "auto" (``backend.py``); ``timeout_s``: how long a collective
-    waits for a lost rank; ``store``: None reads env://.
-    """
+    """Step 1: join the process group (with gloo, it returns once every rank has arrived); without
+    torchrun's variables (RANK, WORLD_SIZE, ...), a single-process ``DistEnv``. ``timeout_s``: how
+    long a collective waits for a lost rank; ``store``: None reads env://."""
     if "RANK" not in os.environ:
         return DistEnv()
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -106,11 +103,9 @@ def init_process_group(backend: str = "auto", timeout_s: float = 300.0, store=No
 
 
 def wrap_model(model: nn.Module, env: DistEnv, bucket_cap_mb: float | None = None) -> nn.Module:
-    """Step 2: wrap the model in DDP (a single process keeps the plain model).
-
-    DDP broadcasts rank 0's parameters to every rank at construction and, in backward, all-reduces
-    gradients bucket by bucket (``bucket_cap_mb`` MiB; None: DDP's default): every rank steps alike.
-    """
+    """Step 2: wrap the model in DDP (a single process keeps the plain model). DDP broadcasts rank
+    0's parameters at construction and, in backward, all-reduces gradients bucket by bucket
+    (``bucket_cap_mb`` MiB; None: DDP's default): every rank steps alike."""
     model = model.to(env.device)
     if not env.distributed:
         return model
@@ -120,9 +115,7 @@ def wrap_model(model: nn.Module, env: DistEnv, bucket_cap_mb: float | None = Non
 
 def make_loader(dataset, env: DistEnv, batch_size: int, seed: int):
     """Step 3: give each rank a disjoint shard of the same dataset; returns (loader, sampler).
-
-    DistributedSampler permutes the indices with ``seed + epoch``; rank r gets ``perm[r::W]``.
-    """
+    DistributedSampler permutes the indices with ``seed + epoch``; rank r gets ``perm[r::W]``."""
     sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank,
                                  shuffle=True, seed=seed)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
@@ -147,11 +140,8 @@ def loss_divisors(num_batches: int, accum_steps: int) -> list[int]:
 
 
 def micro_step(model: nn.Module, loss_fn, x, y, loss_divisor: int, sync: bool) -> torch.Tensor:
-    """One micro-batch, inside ``no_sync()`` unless it syncs; returns its loss.
-
-    DDP decides in forward whether the coming backward all-reduces, so forward
-    and backward both run inside ``no_sync()``: the gradients add up locally.
-    """
+    """One micro-batch, inside ``no_sync()`` unless it syncs; returns its loss. DDP decides in
+    forward whether the coming backward all-reduces, so forward and backward both run inside."""
     skip_sync = isinstance(model, DDP) and not sync  # a plain model has nothing to skip
     with model.no_sync() if skip_sync else contextlib.nullcontext():
         loss = loss_fn(model(x), y)
@@ -161,10 +151,8 @@ def micro_step(model: nn.Module, loss_fn, x, y, loss_divisor: int, sync: bool) -
 
 def train_epoch(model, loader, optimizer, loss_fn, accum_steps: int, epoch: int = 0,
                 hooks: Hooks = NO_HOOKS) -> None:
-    """Step 4: one epoch of gradient accumulation, K = ``accum_steps`` micro-batches per step.
-
-    ``hooks``: what the kit measures and saves around each micro-step; nothing by default.
-    """
+    """Step 4: one epoch of gradient accumulation, K = ``accum_steps`` micro-batches per step;
+    ``hooks``: what the kit measures and saves around each micro-step (nothing by default)."""
     syncs = sync_schedule(len(loader), accum_steps)
     divisors = loss_divisors(len(loader), accum_steps)
     device = next(model.parameters()).device

@@ -204,16 +204,9 @@ def name_resolves(dotted: str) -> bool:
         members.update({t.attr: t for t in ast.walk(node) if isinstance(t, ast.Attribute)
                         and isinstance(t.value, ast.Name) and t.value.id == "self"})
         return rest[1] in members
-    if isinstance(node, ast.ImportFrom):  # from .x import y: follow it
-        base = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-        if path.name == "__init__.py":
-            base = base.rsplit(".", 1)[0]
-        module = node.module or ""
-        if node.level:
-            base_parts = base.split(".")
-            module = ".".join(base_parts[:len(base_parts) - node.level + 1] + ([module] if module else []))
+    if isinstance(node, ast.ImportFrom):  # from x import y (the package imports absolutely): follow it
         original = next(a.name for a in node.names if (a.asname or a.name) == rest[0])
-        return name_resolves(".".join([module, original, *rest[1:]]))
+        return name_resolves(".".join([node.module, original, *rest[1:]]))
     return True  # an attribute of a value: not checked further
 
 

@@ -14,6 +14,7 @@ def test_mistake_diff_shows_only_real_changes():
             continue
         text = lessons.mistake_diff(mistake.name)
         assert text == lessons.mistake_diff(mistake.function)
+        assert text.startswith(f"--- original.{mistake.function}\n+++ train.{mistake.function}\n")
         changed = [line for line in text.splitlines() if re.match(r"[-+](?![-+])", line)]
         assert changed, mistake.name
         removed = {line[1:] for line in changed if line[0] == "-"}
@@ -27,16 +28,13 @@ def test_mistake_diff_shows_only_real_changes():
     assert "-    return [i % accum_steps == 0 for i in range(num_batches)]" in schedule
     # a comment at the end of the function is part of it
     assert "every epoch repeats epoch 0's order" in lessons.mistake_diff("no-set-epoch")
+    assert "-    out = model(x)" in lessons.mistake_diff("forward-outside-no-sync")
     assert sampler_accumulation.mistake_diff is lessons.mistake_diff
 
 
 def test_mistake_diff_refuses_an_unknown_name():
-    try:
+    with pytest.raises(ValueError, match="no original version"):
         lessons.mistake_diff("no-such-bug")
-    except ValueError as err:
-        assert "no original version" in str(err)
-    else:
-        raise AssertionError("an unknown name must be refused")
 
 
 def _rows(arrivals, done):

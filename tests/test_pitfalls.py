@@ -2,7 +2,8 @@
 
 As in the notebook, one launch of ``pitfall_lab.py`` runs pitfalls 1-3 and 5-7 and is shared
 by their tests (module-scoped fixtures); pitfall 4 has its own launch, and the failing
-launches of pitfall 8 run in their own tests.
+launches of pitfall 8 run in their own tests. What notebook 09 asserts itself (it runs in the
+suite) is not asserted again here.
 """
 
 import math
@@ -65,15 +66,11 @@ def clipping(lab):
 
 
 # -- 1. BatchNorm ------------------------------------------------------------------
-def test_batchnorm_without_sync_each_rank_keeps_its_own_statistics(bn):
-    wrong = bn["no_sync"]
-    assert wrong["across_ranks"] > 1e-2 and wrong["vs_reference"] > 1e-2
-    assert wrong["eval_across_ranks"] > 1e-3  # one model, one input, two predictions
-    assert wrong["params_vs_reference"] > 1e-3
+def test_batchnorm_without_sync_trains_other_parameters_than_one_process(bn):
+    assert bn["no_sync"]["params_vs_reference"] > 1e-3
 
 
-def test_batchnorm_default_broadcast_copies_rank0_buffers_at_every_forward(bn):
-    b = bn["broadcast"]
+def test_batchnorm_reports_the_buffer_sync_keyword_of_this_torch(bn):
     import inspect
 
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -81,15 +78,6 @@ def test_batchnorm_default_broadcast_copies_rank0_buffers_at_every_forward(bn):
     # torch 2.13's name for broadcast_buffers; torch 2.9 has only broadcast_buffers
     has_new_name = "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
     assert bn["keyword"] == ("forward_sync_buffers" if has_new_name else "broadcast_buffers")
-    assert b["starts_equal"] and not bn["no_sync"]["starts_equal"]
-    assert b["rank0_vs_own_ema"] < 1e-6  # rank 0's statistics are its own shard's
-    assert b["vs_reference"] > 1e-2
-
-
-def test_batchnorm_allreduced_statistics_equal_one_process_on_the_global_batch(bn):
-    fix = bn["allreduce"]
-    assert fix["across_ranks"] == 0 and fix["eval_across_ranks"] == 0
-    assert fix["vs_reference"] < 1e-5 and fix["params_vs_reference"] < 1e-5
 
 
 def test_syncbatchnorm_refuses_cpu_in_ddp_and_in_forward(bn):
@@ -100,27 +88,13 @@ def test_syncbatchnorm_refuses_cpu_in_ddp_and_in_forward(bn):
 
 
 # -- 2. Unused parameters -----------------------------------------------------------
-def test_unused_parameter_error_is_raised_and_names_the_skipped_head(unused):
-    assert unused["error_first_line"].startswith("Expected to have finished reduction in the prior iteration")
-    assert unused["error_step"] == 2
-    assert unused["unused_params"] == ["aux.weight", "aux.bias"]
+def test_static_graph_never_gives_the_unused_head_a_gradient(unused):
+    assert unused["static_graph"]["without_grad"] == [["aux.weight", "aux.bias"]] * 6
 
 
-def test_find_unused_and_static_graph_train_like_one_process(unused):
-    fu, sg = unused["find_unused"], unused["static_graph"]
-    assert fu["without_grad"] == [[], ["aux.weight", "aux.bias"]] * 3
-    assert sg["without_grad"] == [["aux.weight", "aux.bias"]] * 6
-    for fix in (fu, sg):
-        assert fix["ranks_agree"] and fix["max_diff_reference"] < 1e-6
-    assert "static_graph" in unused["static_graph_error"]
-
-
-def test_find_unused_parameters_costs_cpu_per_step(unused):
-    cost = unused["cost"]
-    assert set(cost["cpu"]) == {"no flag", "find_unused_parameters", "static_graph"}
-    extra = cost["paired_cpu"]["find_unused_parameters"]
-    assert extra["steps"] == 120
-    assert extra["median_ms"] > 0 and extra["slower_fraction"] > 0.5
+def test_each_ddp_flag_is_timed_on_every_step_of_every_rank(unused):
+    assert set(unused["cost"]["cpu"]) == {"no flag", "find_unused_parameters", "static_graph"}
+    assert unused["cost"]["paired_cpu"]["find_unused_parameters"]["steps"] == 120
 
 
 # -- 3. Saving and loading ----------------------------------------------------------
@@ -152,34 +126,23 @@ def test_padding_skews_accuracy_and_real_counts_are_exact(evaluation):
 
 
 # -- 5. Seeding ----------------------------------------------------------------------
-def test_one_seed_gives_every_rank_the_same_dropout_masks(seeding):
-    one, per_rank = seeding["dropout"]["same_seed"], seeding["dropout"]["per_rank_seed"]
-    assert one["rows_per_step"] == 8
-    assert one["distinct_per_step"] == [4, 4, 4] and one["agreement_with_rank0"] == 1.0
-    assert per_rank["distinct_per_step"] == [8, 8, 8] and per_rank["agreement_with_rank0"] < 0.75
+def test_dropout_masks_are_counted_for_every_sample_of_every_rank(seeding):
+    assert seeding["dropout"]["same_seed"]["rows_per_step"] == 8
 
 
 def test_sampler_needs_one_seed_on_every_rank(seeding):
     assert seeding["sampler"]["same_seed"] == {"seen": 16, "distinct": 16, "twice_or_more": 0, "never": 0}
-    assert seeding["sampler"]["per_rank_seed"]["never"] > 0
-    assert seeding["init_distinct"] == {"same_seed": 1, "per_rank_seed": 2}
 
 
 # -- 6. Learning rate -----------------------------------------------------------------
-def test_kept_lr_trains_slower_and_linear_scaling_with_warmup_catches_up(lr):
+def test_lr_scaling_follows_the_global_batch_at_every_step(lr):
     assert lr["global_batch"] == 16 and lr["scaled_lr"] == pytest.approx(0.2)
     assert len(lr["samples"]) == 96 and lr["samples"][-1] == 3 * 512
-    assert lr["final_ratio"]["kept"] > 2
-    assert lr["final_ratio"]["scaled"] < 1.3
 
 
 # -- 7. Clipping ----------------------------------------------------------------------
-def test_clipping_inside_no_sync_drifts_and_clipping_once_matches(clipping):
+def test_clipping_reports_every_step_and_every_micro_step_clip(clipping):
     assert len(clipping["right"]["max_diff"]) == 4
-    assert max(clipping["right"]["max_diff"]) < 1e-6
-    assert min(clipping["wrong"]["max_diff"]) > 1e-3
-    assert clipping["right"]["ranks_agree"] and clipping["wrong"]["ranks_agree"]
-    assert min(clipping["reference_norms"]) > clipping["max_norm"]
     assert all(len(norms) == 4 for norms in clipping["wrong"]["norms"][0])  # one clip per micro-step
 
 
@@ -194,12 +157,10 @@ def test_shape_mismatch_aborts_in_cpp_without_debug():
     assert failure["aborted"] == [0]  # the rank with the smaller tensor receives more than it expects
     # printed before it died: gloo's own check, worded by the gloo inside this torch
     assert any(words in failure["headlines"][0] for words in GLOO_SIZE_CHECKS), failure["headlines"][0]
-    assert not any("TensorShape" in (h or "") for h in failure["headlines"].values())
 
 
 def test_shape_mismatch_names_both_shapes_with_detail():
     failure = lessons.shape_mismatch(debug=True, timeout=TIMEOUT)
-    assert failure["aborted"] == [] and failure["names_script_line"]
     assert "Detected mismatch between collectives" in failure["error"] and "Tensor shapes" in failure["error"]
     assert "TensorShape=[4]" in failure["error"] and "TensorShape=[5]" in failure["error"]
     for line in failure["headlines"].values():  # a rank stopped by the launcher first has none
@@ -207,18 +168,9 @@ def test_shape_mismatch_names_both_shapes_with_detail():
     assert [r["debug"] for r in failure["reports"][0]] == ["DETAIL"]
 
 
-def test_plain_barrier_times_out_without_naming_the_missing_rank():
+def test_the_rank_stuck_before_a_barrier_is_stopped_by_the_launcher():
     failure = lessons.missing_rank(monitored=False, timeout=TIMEOUT)
-    assert failure["rank"] == 0 and "Timed out" in failure["error"]
-    assert "Rank 1" not in failure["error"]
     assert failure["headlines"][1] is None  # rank 1 was stuck, then stopped by the launcher
-
-
-def test_monitored_barrier_names_the_missing_rank():
-    failure = lessons.missing_rank(monitored=True, timeout=TIMEOUT)
-    assert failure["rank"] == 0
-    assert "Rank 1 failed to pass monitoredBarrier" in failure["error"]
-    assert [r["arrived"] for r in failure["reports"][1]] == [False]
 
 
 # -- The lab runner -----------------------------------------------------------------------

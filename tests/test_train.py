@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ddp_tutorial
-from ddp_tutorial import Run, launch, lessons, mistakes, train
+from ddp_tutorial import Run, launch, mistakes, train
 from ddp_tutorial.rank import original
 
 # 256 samples divide evenly by W*b*K = 16, so no sampler padding duplicates samples.
@@ -245,19 +245,12 @@ def test_each_step_prints_in_at_most_25_lines_and_the_script_in_200():
 
 
 def test_every_bug_is_the_original_version_of_one_train_function():
-    bugs = [m for m in mistakes.MISTAKES if m.function]
-    assert sorted(m.name for m in bugs) == sorted(mistakes.BUGS) == sorted(mistakes.BUG_FUNCTIONS)
-    for m in bugs:
+    for m in (m for m in mistakes.MISTAKES if m.function):
         fixed, theirs = getattr(train, m.function), getattr(original, m.function)
         assert fixed is not theirs
         # Called as train.py calls its own: the original takes the same arguments (and maybe more).
         fixed_params = list(inspect.signature(fixed).parameters)
         assert list(inspect.signature(theirs).parameters)[:len(fixed_params)] == fixed_params
-        text = lessons.mistake_diff(m.name)
-        assert text == lessons.mistake_diff(m.function)
-        assert text.startswith(f"--- original.{m.function}\n+++ train.{m.function}\n")
-        assert any(line.startswith("+ ") for line in text.splitlines()[2:])
-    assert "-    out = model(x)" in lessons.mistake_diff("forward-outside-no-sync")
     with pytest.raises(ValueError, match="not a --bug"):
         with original.mistakes(["no-such-bug"], train):
             pass

@@ -1,8 +1,6 @@
 """Lesson helpers shared by several notebooks; each notebook (or pair) has its folder beside this.
-
-The modules of ``lessons/`` run in the notebook kernel and import no torch; each ``workers/``
-folder holds the scripts its lesson starts on the ranks with ``launch``.
-"""
+They run in the notebook kernel and import no torch; each ``workers/`` folder holds the scripts
+its lesson starts on the ranks with ``launch``."""
 
 from __future__ import annotations
 
@@ -90,11 +88,9 @@ _TYPING = re.compile(r"\b(List|Dict|Tuple|Set)\[")
 
 
 def mistake_diff(name: str) -> str:
-    """The original's function against train.py's fix as a unified diff, docstrings left out.
-
-    ``name``: a ``--bug`` name ("forward-outside-no-sync") or the function it replaces.
-    """
-    replaced = catalogue.BUG_FUNCTIONS
+    """The original's function against train.py's fix as a unified diff, docstrings left out;
+    ``name``: a ``--bug`` name ("forward-outside-no-sync") or the function it replaces."""
+    replaced = catalogue.BUGS
     function = replaced.get(name, name)
     if function not in replaced.values():
         raise ValueError(f"no original version of {name!r}: give a --bug name {sorted(replaced)} "

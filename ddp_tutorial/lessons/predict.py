@@ -2,10 +2,7 @@
 
     exercises.ask("04-allreduces")          # prints the question, naming the variable to answer in
     my_count = None                         # the learner's answer
-    exercises.reveal("04-allreduces", my_count, measured)   # right after the measurement
-
-``reveal`` derives the answer from the measurement, never from a constant; an unanswered question
-(None) just shows it, so a notebook runs top to bottom untouched.
+    exercises.reveal("04-allreduces", my_count, measured)   # the answer comes from the measurement
 """
 
 from __future__ import annotations
@@ -36,14 +33,14 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Question:
-    """A question asked in ``notebook``, answered in ``variable``; ``answer`` and ``explain`` (text,
-    or a function) of what was measured; ``choices`` (letter -> choice) or None for a number."""
+    """Asked in ``notebook``, answered in ``variable``; ``answer`` (default: the measurement itself)
+    and ``explain`` (text, or a function) of what was measured; ``choices``: letter -> choice."""
 
     notebook: str
     variable: str
     text: str
-    answer: Callable[[Any], Any]
     explain: Union[str, Callable[[Any], str]]
+    answer: Callable[[Any], Any] = lambda measured: measured
     choices: Optional[Dict[str, str]] = None
 
 
@@ -63,7 +60,6 @@ QUESTIONS: Dict[str, Question] = {
     "01-all-reduce": Question(
         "01", "my_sum", "4 ranks each hold a tensor [rank + 1] and call dist.all_reduce on it "
                         "(op SUM, the default). What does rank 2 hold afterwards?",
-        answer=lambda measured: measured,
         explain="all_reduce sums over all ranks and gives every rank the result, in place: "
                 "1 + 2 + 3 + 4 = 10 on every rank, rank 2 included."),
     "01-wrong-world-size": Question(
@@ -79,7 +75,6 @@ QUESTIONS: Dict[str, Question] = {
         "02", "my_buckets", "The deep model has about 1.8 MiB of gradients, and DDP is built with "
         "no bucket_cap_mb (its default). How many bucket all-reduces does each backward make, once "
         "DDP has rebuilt its buckets after the first iteration?",
-        answer=lambda measured: measured,
         explain="With bucket_cap_mb=None DDP caps the first bucket at 1 MiB and the later ones at "
                 "25 MiB: 1.8 MiB of gradients make 2 buckets, so 2 all-reduces. An explicit 25 "
                 "gives 1."),
@@ -99,7 +94,6 @@ QUESTIONS: Dict[str, Question] = {
         "04", "my_count", "2 ranks, K = 4, a model whose gradients fit one bucket, and the "
         "original's mistake: forward outside no_sync(), backward inside. How many bucket "
         "all-reduces does rank 0 run in its first 8 micro-steps?",
-        answer=lambda measured: measured,
         explain="DDP decides in forward whether the coming backward all-reduces; no_sync() around "
                 "backward alone comes too late, so every micro-step syncs: 8, not 2."),
     "05-dead-peer": Question(
@@ -172,7 +166,6 @@ QUESTIONS["07-buckets"] = Question(
     "float32 gradients (each hidden layer 16.6 KB). Wrapped as DDP(model, bucket_cap_mb=0.05), "
     "0.05 MiB = 52.4 KB per bucket: how many all-reduces does each step make, once DDP has rebuilt "
     "its buckets after the first iteration?",
-    answer=lambda measured: measured,
     explain="DDP fills a bucket with gradients in the order backward produces them and closes it "
             "at the first tensor that takes it to the cap or past it, so a bucket holds more than "
             "the cap: the output layer and 3 hidden layers (55 KB), then 4 hidden layers (67 KB) "

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 
 def requirements_with_torch(text: str, version: str) -> List[str]:
@@ -40,10 +40,14 @@ def same_release(installed: Optional[str], wanted: str) -> bool:
     return installed is not None and installed.split("+")[0] == wanted.split("+")[0]
 
 
-def pip_env(no_pip_config: bool) -> Dict[str, str]:
-    """The environment for pip; ``no_pip_config``: without its configuration files (a machine's cap on
-    torch versions, say), its PIP_* variables still applying."""
-    return {**os.environ, "PIP_CONFIG_FILE": os.devnull} if no_pip_config else dict(os.environ)
+def pip(python, root: Path, no_pip_config: bool, *args: str, lines: Sequence[str] = ()) -> int:
+    """``python -m pip ARGS`` in the checkout (``-e .`` is read relative to it), ``lines`` given as
+    requirements on stdin; pip's exit status. ``no_pip_config``: without pip's configuration files
+    (a machine's cap on torch versions, say), its PIP_* variables still applying."""
+    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull} if no_pip_config else None
+    stdin = ["-r", "/dev/stdin"] if lines else []
+    return subprocess.run([str(python), "-m", "pip", *args, *stdin], cwd=root, env=env, text=True,
+                          input="\n".join(lines) + "\n" if lines else None).returncode
 
 
 def wheels_folder(version: str, root: Path) -> Path:
@@ -55,14 +59,6 @@ def wheels_folder(version: str, root: Path) -> Path:
 COMPLETE = "COMPLETE"
 
 
-def _pip_with_requirements(python, args: Sequence[str], lines: Sequence[str], root: Path,
-                           no_pip_config: bool) -> int:
-    """``python -m pip ARGS -r /dev/stdin`` with ``lines`` on stdin, run in the checkout (``-e .``
-    is read relative to it); pip's exit status."""
-    return subprocess.run([str(python), "-m", "pip", *args, "-r", "/dev/stdin"], cwd=root, text=True,
-                          input="\n".join(lines) + "\n", env=pip_env(no_pip_config)).returncode
-
-
 def download_torch(version: str, root: Path, no_pip_config: bool = False, echo=print) -> Path:
     """Download the wheels ``torch_venv(version)`` installs into ``wheels_folder``, install nothing:
     a CUDA build's gigabytes come while another suite runs, ``torch_venv`` installs them offline."""
@@ -72,10 +68,11 @@ def download_torch(version: str, root: Path, no_pip_config: bool = False, echo=p
     t0 = time.perf_counter()
     lines = [line for line in requirements_with_torch((root / "requirements.txt").read_text(), version)
              if not line.startswith("-e")]
-    code = _pip_with_requirements(sys.executable, ["download", "--quiet", "--dest", str(folder)], lines, root,
-                                  no_pip_config)
+    code = pip(sys.executable, root, no_pip_config, "download", "--quiet", "--dest", str(folder),
+               lines=lines)
     if code != 0:
-        raise SystemExit(f"error: downloading torch=={version}'s wheels into {folder} failed (pip exit {code})")
+        raise SystemExit(f"error: downloading torch=={version}'s wheels into {folder} failed "
+                         f"(pip exit {code})")
     (folder / COMPLETE).write_text("\n".join(lines) + "\n")
     echo(f"downloaded torch=={version} and the rest of requirements.txt into {folder} "
          f"in {time.perf_counter() - t0:.0f} s")
@@ -99,20 +96,21 @@ def torch_venv(version: str, root: Path, no_pip_config: bool = False, echo=print
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
     lines = requirements_with_torch((root / "requirements.txt").read_text(), version)
     if offline:
-        done = _pip_with_requirements(python, ["install", "--quiet", "--no-index", "--find-links", str(wheels)],
-                                      [line for line in lines if not line.startswith("-e")], root, no_pip_config)
+        done = pip(python, root, no_pip_config, "install", "--quiet", "--no-index", "--find-links",
+                   str(wheels), lines=[line for line in lines if not line.startswith("-e")])
         if done == 0:  # the kit itself last: its build backend comes from the registry as usual
-            done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(root)],
-                                  env=pip_env(no_pip_config)).returncode
+            done = pip(python, root, no_pip_config, "install", "--quiet", "--no-deps", "-e",
+                       str(root))
         shutil.rmtree(wheels, ignore_errors=True)
         if done != 0:
-            echo(f"installing from {wheels} failed (pip exit {done}): installing from the registry instead")
+            echo(f"installing from {wheels} failed (pip exit {done}): installing from the registry")
     if not offline or done != 0:
-        done = _pip_with_requirements(python, ["install", "--quiet"], lines, root, no_pip_config)
+        done = pip(python, root, no_pip_config, "install", "--quiet", lines=lines)
     found = torch_in(python)
     if done != 0 or not same_release(found, version):
         raise SystemExit(f"error: installing torch=={version} in {venv} failed (pip exit {done}, "
-                         f"torch found: {found}); a version above this machine's pip cap needs --no-pip-config")
+                         f"torch found: {found}); a version above this machine's pip cap needs "
+                         "--no-pip-config")
     echo(f"built {venv} with torch {found} in {time.perf_counter() - t0:.0f} s")
     return venv
 
@@ -133,7 +131,7 @@ def base_python(version: str) -> Path:
 
 
 def python_venv(version: str, root: Path, no_pip_config: bool = False, echo=print) -> Path:
-    """``root/.venv-python-VERSION``: requirements.txt as it is, installed with Python ``version``, made once."""
+    """``root/.venv-python-VERSION``: requirements.txt with Python ``version``, made once."""
     venv = root / f".venv-python-{version}"
     python = venv_python(venv)
     if torch_in(python):
@@ -143,10 +141,11 @@ def python_venv(version: str, root: Path, no_pip_config: bool = False, echo=prin
     echo(f"building {venv}: requirements.txt with {base} ...")
     t0 = time.perf_counter()
     subprocess.run([str(base), "-m", "venv", "--clear", str(venv)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], env=pip_env(no_pip_config))
-    done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r", "requirements.txt"], cwd=root,
-                          env=pip_env(no_pip_config)).returncode
+    pip(python, root, no_pip_config, "install", "--quiet", "--upgrade", "pip")
+    done = pip(python, root, no_pip_config, "install", "--quiet",
+               lines=(root / "requirements.txt").read_text().splitlines())
     if done != 0 or not torch_in(python):
-        raise SystemExit(f"error: installing requirements.txt with Python {version} in {venv} failed (pip exit {done})")
+        raise SystemExit(f"error: installing requirements.txt with Python {version} in {venv} "
+                         f"failed (pip exit {done})")
     echo(f"built {venv} in {time.perf_counter() - t0:.0f} s")
     return venv

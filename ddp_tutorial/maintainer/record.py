@@ -1,19 +1,19 @@
-"""Numbers that change from run to run live in one file, written by the command that measures them.
-
-``--record FILE`` (``python -m ddp_tutorial.bench``, ``python -m ddp_tutorial.maintainer``) puts
-what the command printed into its own section of FILE (``docs/measured.md``), with the command, the
-date, the commit and the machine; the next run of the same command replaces that section.
-"""
+"""``--record FILE`` (``python -m ddp_tutorial.bench``, ``... maintainer``): what the command
+printed, in its own section of FILE (``docs/measured.md``) with the command, date, commit and
+machine; the next run of the same command replaces that section."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -22,14 +22,8 @@ BEGIN, END = "<!-- measured: {} -->", "<!-- end: {} -->"
 
 def machine() -> str:
     """One line: cores, OS, Python, torch (read from its metadata: no import)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        torch = version("torch")
-    except PackageNotFoundError:
-        torch = "not installed"
     return (f"{os.cpu_count()} cores, {platform.system()} {platform.machine()}, "
-            f"Python {platform.python_version()}, torch {torch}")
+            f"Python {platform.python_version()}, torch {version('torch')}")
 
 
 def commit(cwd: Path = Path(__file__).resolve().parents[2]) -> str:
@@ -47,27 +41,21 @@ def commit(cwd: Path = Path(__file__).resolve().parents[2]) -> str:
         return "unknown"
 
 
-def section(command: str, text: str) -> str:
-    """The section for ``command``'s output ``text``, between its markers."""
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    return "\n".join([
-        BEGIN.format(command), f"### `{command}`", "",
-        f"{when}, commit {commit()}; {machine()}. Written by the command itself (`--record`).",
-        "", "```text", text.rstrip("\n"), "```", END.format(command)])
-
-
 def record(path, argv: Sequence[str], text: str) -> Path:
     """Replace (or add, at the end) the section of ``path`` for the command ``argv`` (without
     ``--record FILE``) with ``text``; returns the file's path."""
     command = " ".join(["python -m", *_without_record(argv)])
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    new = "\n".join([
+        BEGIN.format(command), f"### `{command}`", "",
+        f"{when}, commit {commit()}; {machine()}. Written by the command itself (`--record`).",
+        "", "```text", text.rstrip("\n"), "```", END.format(command)])
     path = Path(path)
     old = path.read_text() if path.exists() else ""
-    new = section(command, text)
-    begin, end = BEGIN.format(command), END.format(command)
-    if begin in old and end in old[old.index(begin):]:
-        head, rest = old.split(begin, 1)
-        tail = rest.split(end, 1)[1]
-        out = head + new + tail
+    section = re.compile(re.escape(BEGIN.format(command)) + ".*?" + re.escape(END.format(command)),
+                         re.S)
+    if section.search(old):
+        out = section.sub(lambda _: new, old, count=1)
     else:
         out = old.rstrip("\n") + ("\n\n" if old else "") + new + "\n"
     tmp = path.with_name(path.name + ".tmp")
@@ -78,15 +66,9 @@ def record(path, argv: Sequence[str], text: str) -> Path:
 
 def _without_record(argv: Sequence[str]) -> list:
     """``argv`` without ``--record FILE`` (or ``--record=FILE``)."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--record":
-            skip = True
-        elif not arg.startswith("--record="):
-            out.append(arg)
-    return out
+    only_record = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    only_record.add_argument("--record")
+    return only_record.parse_known_args(argv)[1]
 
 
 @contextlib.contextmanager

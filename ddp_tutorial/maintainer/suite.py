@@ -1,9 +1,6 @@
-"""The README's test command run many times (``--suite``: each in a fresh clone of the commit),
-in a venv with another torch (``--torch``), or over the notebooks in place (``--notebooks``).
-
-The last K runs go beside a busy core (a shared classroom server: a notebook's claims must hold
-there too); the table shows each run's wall time, each test's failures, each notebook's median.
-"""
+"""The README's tests many times (``--suite``: fresh clones), with another torch (``--torch``), or
+the notebooks in place (``--notebooks``); the last K runs beside a busy core, as on a shared
+classroom server. The table: each run's wall time, each test's failures, each notebook's median."""
 
 from __future__ import annotations
 
@@ -24,7 +21,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 from ddp_tutorial import envvars
 from ddp_tutorial.lessons.table import text_table
-from ddp_tutorial.maintainer.pythons import pip_env, torch_in, torch_venv, venv_python
+from ddp_tutorial.maintainer.pythons import pip, torch_in, torch_venv, venv_python
 
 #: The README's test command (``pip install -r requirements.txt && pytest``); a test keeps them equal.
 README_TEST_COMMAND = ["pytest"]
@@ -52,8 +49,7 @@ def busy_core() -> Iterator[int]:
 
 def busy_schedule(runs: int, busy_runs: int) -> List[bool]:
     """Which of ``runs`` go beside a busy core: the last ``busy_runs`` (clamped to 0..runs)."""
-    busy_runs = max(0, min(busy_runs, runs))
-    return [i >= runs - busy_runs for i in range(runs)]
+    return [i >= runs - max(0, busy_runs) for i in range(runs)]
 
 
 def checkout() -> Path:
@@ -68,25 +64,23 @@ def checkout() -> Path:
 def junit_cases(path: Path) -> Dict[str, Dict]:
     """test -> ``outcome``, ``seconds``, ``message`` (its first lines); a failure also has
     ``report``: the whole report, then the end of what it printed (``-o junit_logging=all``)."""
+    outcomes = {"failure": "failed", "error": "error", "skipped": "skipped", "passed": "passed"}
     cases = {}
     for case in ET.parse(path).getroot().iter("testcase"):
         classname, name = case.get("classname", ""), case.get("name", "")
         # pytest writes tests/test_x.py::test_y as classname "tests.test_x", name "test_y";
         # nbmake's notebooks as classname "" and name "notebooks/00_overview.ipynb"
         test = f"{classname.replace('.', '/')}.py::{name}" if classname else name
-        outcome, message, report = "passed", "", ""
-        for child in case:
-            if child.tag in ("failure", "error", "skipped"):
-                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
-                text = "\n".join(filter(None, [child.get("message", ""), child.text or ""]))
-                message = "\n".join([line.rstrip() for line in text.splitlines() if line.strip()][:FAILURE_LINES])
-                report = text
-                if outcome != "skipped":
-                    break
-        cases[test] = {"outcome": outcome, "seconds": float(case.get("time", "nan")), "message": message}
-        if outcome in ("failed", "error"):
-            printed = "\n".join(child.text or "" for child in case if child.tag in ("system-out", "system-err"))
-            cases[test]["report"] = report + ("\n--- printed ---\n" + printed[-OUTPUT_CHARS:] if printed.strip() else "")
+        marks = [child for child in case if child.tag in outcomes]  # a failure wins over a skip
+        mark = next((m for m in marks if m.tag != "skipped"), (marks or [ET.Element("passed")])[-1])
+        report = "\n".join(filter(None, [mark.get("message", ""), mark.text or ""]))
+        lines = [line.rstrip() for line in report.splitlines() if line.strip()]
+        cases[test] = {"outcome": outcomes[mark.tag], "seconds": float(case.get("time", "nan")),
+                       "message": "\n".join(lines[:FAILURE_LINES])}
+        if mark.tag in ("failure", "error"):
+            printed = "\n".join(c.text or "" for c in case if c.tag in ("system-out", "system-err"))
+            cases[test]["report"] = report + (
+                "\n--- printed ---\n" + printed[-OUTPUT_CHARS:] if printed.strip() else "")
     return cases
 
 
@@ -153,8 +147,10 @@ def suite_runs(runs: int, busy_runs: int = 0, tests: Sequence[str] = (), torch: 
         python = venv_python(torch_venv(torch, root, no_pip_config))
 
     def install(where: Path) -> None:
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "-e",
-                        str(where)], check=where != root, env=pip_env(no_pip_config))
+        code = pip(python, where, no_pip_config, "install", "--quiet", "--no-deps", "-e",
+                   str(where))
+        if code and where != root:
+            raise SystemExit(f"error: installing {where} into {python} failed (pip exit {code})")
 
     done: List[Dict] = []
     commit = ""
@@ -186,8 +182,6 @@ def notebook_rounds(rounds: int = 1, busy_rounds: int = 0, folder: str = "notebo
                     timeout: float = 900.0, echo: bool = True,
                     env: Optional[Dict[str, str]] = None) -> Dict:
     """Every notebook in ``folder``, ``rounds`` times: ``suite_runs`` in place, ``--nbmake``."""
-    if not sorted(Path(folder).glob("*.ipynb")):
-        return {"skipped": f"no notebooks in {folder!r}"}
     return suite_runs(rounds, busy_rounds, ["--nbmake", folder], timeout=timeout, echo=echo,
                       in_place=True, env=env)
 
@@ -196,8 +190,6 @@ def notebook_suite(folder: str = "notebooks", timeout: float = 600.0, warm: bool
     """One round of the notebooks, timed, for the bench; ``warm=False``: every launch cold."""
     cold = None if warm else {envvars.WARM: "0"}
     result = notebook_rounds(1, 0, folder, timeout, echo=False, env=cold)
-    if "skipped" in result:
-        return result
     run = result["runs"][0]
     times = notebook_times(result["runs"])
     failed = [name for name, (passes, _, _) in times.items() if not passes]
@@ -213,14 +205,12 @@ def describe_notebook_suite(warm: Optional[Dict], cold: Optional[Dict]) -> List[
         return ["notebook suite: not timed (quick mode; run the full bench)"]
     lines = []
     for label, r in (("all launches cold", cold), ("warm", warm)):
-        if r is not None and "skipped" in r:
-            lines.append(f"notebook suite, {label}: skipped, {r['skipped']}")
-        elif r is not None:
+        if r is not None:
             failed = f"; failed: {', '.join(r['failed'])}" if r["failed"] else ""
             lines.append(f"notebook suite, {label}: {r['seconds']:.0f} s for {len(r['notebooks'])} "
                          f"notebooks, ratio {r['ratio']:.2f} of 180 s "
                          f"({'passed' if r['passed'] else 'FAILED'}: {r['summary']}{failed})")
-    if cold and "skipped" not in cold and "skipped" not in warm:
+    if cold:
         warm_s = {n: warm["per_notebook"].get(n, float("nan")) for n in cold["per_notebook"]}
         lines.append(text_table(["notebook", "cold s", "warm s", "warm/cold"], [
             (name, f"{c:.1f}", f"{warm_s[name]:.1f}", f"{warm_s[name] / c:.2f}")
@@ -244,8 +234,7 @@ def report(result: Dict, json_path: Optional[str] = None) -> int:
     """Print ``format_suite``'s table (and write ``json_path``); 0 if every run passed."""
     print(format_suite(result), flush=True)
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(result, f, indent=1)
+        Path(json_path).write_text(json.dumps(result, indent=1))
     runs = result.get("runs", [])
     return 1 if not runs or failures_per_test(runs) or any(r["returncode"] for r in runs) else 0
 
@@ -262,8 +251,6 @@ def failures_per_test(runs: Sequence[Dict]) -> Dict[str, List[tuple]]:
 
 def format_suite(result: Dict) -> str:
     """One line a run, each notebook's passes and median, each failing test with its first lines."""
-    if "skipped" in result:
-        return f"skipped: {result['skipped']}"
     runs = result["runs"]
     busy = sum(r["busy_core"] for r in runs)
     command = " ".join(README_TEST_COMMAND + list(result.get("tests", [])))
@@ -285,12 +272,11 @@ def format_suite(result: Dict) -> str:
         lines.append(f"no test failed in {len(runs)} runs")
     for test, where in failed.items():
         lines.append(f"{test}: failed in {len(where)} of {len(runs)} runs")
-        for number, message in where:
-            first, *rest = (message or "(no message)").splitlines()
-            lines.append(f"    run {number}: {first}")
-            lines.extend(f"           {line}" for line in rest)
+        lines += [f"    run {number}: " + (message or "(no message)").replace("\n", "\n" + " " * 11)
+                  for number, message in where]
     for number in no_report:
-        lines.append(f"run {number} left no report (exit {runs[number - 1]['returncode']}); its last lines:")
+        lines.append(f"run {number} left no report (exit {runs[number - 1]['returncode']}); "
+                     "its last lines:")
         lines.extend(f"    {line}" for line in runs[number - 1]["tail"][-5:])
     return "\n".join(lines)
 
@@ -299,15 +285,10 @@ def check_venv(venv: Path, tests: Sequence[str] = (), demo: bool = False) -> int
     """``--torch``, ``--python``: the README's tests (``demo``: after the demo) with ``venv``."""
     root, python = checkout(), venv_python(venv)
     code = 0
-    if demo:
-        t0 = time.perf_counter()
-        done = subprocess.run([str(python), "-m", "ddp_tutorial", "--world-size", "2"], cwd=root,
-                              capture_output=True, text=True, timeout=600)
-        print(f"$ {python} -m ddp_tutorial --world-size 2: exit {done.returncode}, "
-              f"{time.perf_counter() - t0:.1f} s wall", flush=True)
-        if done.returncode:
-            print("\n".join((done.stdout + done.stderr).splitlines()[-20:]), flush=True)
-        code = done.returncode
+    if demo:  # its output as it comes
+        print(f"$ {python} -m ddp_tutorial --world-size 2", flush=True)
+        code = subprocess.run([str(python), "-m", "ddp_tutorial", "--world-size", "2"], cwd=root,
+                              timeout=600).returncode
     print(f"$ {python} -m {' '.join(README_TEST_COMMAND + list(tests))}", flush=True)
     result = run_tests(python, root, tests)
     print(f"{venv.name}, torch {torch_in(python)}: {result['summary']} "

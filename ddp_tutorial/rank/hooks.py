@@ -1,7 +1,6 @@
 """The one interface between train.py and the kit: five callbacks, each a no-op here, so with
 ``NO_HOOKS`` train.py is plain DDP. ``Instrument`` (``rank/instrument.py``) records, checkpoints and
-restarts through them; train.py calls them in the order they are defined.
-"""
+restarts through them; train.py calls them in the order they are defined."""
 
 from __future__ import annotations
 

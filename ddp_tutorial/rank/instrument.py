@@ -1,9 +1,6 @@
 """``Instrument``: the ``Hooks`` (``rank/hooks.py``) ``python -m ddp_tutorial.train`` runs with.
-
-It writes one record per micro-step to ``<out>/rank<R>.jsonl`` (loss, and times from torch's own
-hooks: ``rank/timing.py``), adds straggler delays, injects faults (``rank/restarts.py``), resumes
-and saves checkpoints, and at the end writes rank 0's ``model.pt`` and a summary record.
-"""
+One record per micro-step in ``<out>/rank<R>.jsonl`` (times: ``rank/timing.py``), straggler
+delays, faults (``rank/restarts.py``), checkpoints, and at the end ``model.pt`` and a summary."""
 
 from __future__ import annotations
 
@@ -42,12 +39,9 @@ def ddp_logging(model) -> dict:
 
 
 class Instrument(Hooks):
-    """Records, straggler delays, faults, checkpoints and restarts around train.py's steps.
-
-    ``out`` (None: no files) gets rank 0's ``model.pt`` and, with ``record_steps``, the records,
+    """``out`` (None: no files) gets rank 0's ``model.pt`` and, with ``record_steps``, the records,
     unless ``records`` (anything with ``write(record)``) takes them; without records nothing is
-    timed. ``straggler_ms``: each micro-step first sleeps a random 0..N ms, as the original did.
-    """
+    timed. ``straggler_ms``: each micro-step first sleeps a random 0..N ms, as the original did."""
 
     def __init__(self, out: Optional[str] = None, *, records=None, record_steps: bool = True,
                  seed: int = 0, straggler_ms: float = 0.0, fault: Optional[Fault] = None,

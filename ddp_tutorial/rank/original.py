@@ -1,9 +1,6 @@
 """The original demo's code: each function is the original's version of the train.py function of
-the same name, with one mistake (``ddp_tutorial.mistakes``); ``train.main`` swaps it in for
-``--bug``::
-
-    python -m ddp_tutorial.train --bug forward-outside-no-sync   # runs original.micro_step
-"""
+the same name, with one mistake (``ddp_tutorial.mistakes``); ``--bug NAME`` swaps it in, e.g.
+``python -m ddp_tutorial.train --bug forward-outside-no-sync`` runs ``original.micro_step``."""
 
 from __future__ import annotations
 
@@ -19,7 +16,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from ddp_tutorial.mistakes import BUG_FUNCTIONS
+from ddp_tutorial.mistakes import BUGS
 
 
 def make_inputs(size: int, seed: int, rank: Optional[int] = None) -> torch.Tensor:
@@ -61,10 +58,10 @@ def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def mistakes(bugs: Iterable[str], train_module: ModuleType):
     """Within the block, ``train_module`` (train.py, also as ``__main__``) calls the original's
     version of each function the ``--bug`` names in ``bugs`` replace."""
-    unknown = sorted(set(bugs) - set(BUG_FUNCTIONS))
+    unknown = sorted(set(bugs) - set(BUGS))
     if unknown:
-        raise ValueError(f"not a --bug of train.py: {unknown}; choose from {sorted(BUG_FUNCTIONS)}")
+        raise ValueError(f"not a --bug of train.py: {unknown}; choose from {sorted(BUGS)}")
     with contextlib.ExitStack() as stack:
-        for name in (BUG_FUNCTIONS[bug] for bug in bugs):
+        for name in (BUGS[bug] for bug in bugs):
             stack.enter_context(mock.patch.object(train_module, name, globals()[name]))
         yield

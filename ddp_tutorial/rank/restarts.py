@@ -19,12 +19,9 @@ from ddp_tutorial import envvars
 
 def restart_safe_store(timeout_s: float) -> Optional[dist.Store]:
     """A key space of its own for a restarted attempt; None (the usual env://) where none is needed.
-
-    torchrun's agent keeps one store for the whole job, and env:// adds no per-attempt prefix, so a
-    restarted gloo group would read the dead group's addresses: a prefix per attempt hides them.
-    Several agents count restarts differently, so a multi-node job that may restart needs a fresh
-    store per round (``FRESH_RDZV_STORE``), else RuntimeError. Why, in torch's source:
-    docs/clusters.md, "Restarts across nodes: what the kit relies on".
+    torchrun's agent keeps one store for the job and env:// adds no per-attempt prefix, so a
+    restarted group would read the dead group's addresses. Agents count restarts differently: a
+    multi-node job that may restart needs ``FRESH_RDZV_STORE`` (docs/clusters.md), else an error.
     """
     if os.environ.get(envvars.USE_AGENT_STORE) != "True":
         return None  # no shared store (one process, or torchrun with a fresh store per round)

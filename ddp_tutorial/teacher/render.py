@@ -1,12 +1,7 @@
-"""Render every notebook, executed, to HTML: results a teacher can project and learners compare.
-
-    python -m ddp_tutorial.teacher.render [--out rendered] [--answers] [NOTEBOOK ...]
-
-Each notebook runs in a fresh kernel in its own folder (nbconvert); only the HTML is written. A
-failing cell is named, the page rendered past it, and the command exits 1. Exercises run in a
-scratch folder, and the outputs of cells tagged ``answer`` are left out unless ``--answers``. A page
-stands alone offline: formulas as MathML (``latex2mathml``), no script from a CDN.
-"""
+"""``python -m ddp_tutorial.teacher.render [--out rendered] [--answers] [NOTEBOOK ...]``: every
+notebook executed (nbconvert, a fresh kernel, exercises in a scratch folder) to a page that stands
+alone offline (MathML, no CDN). A failing cell is named, the page rendered past it, the exit 1;
+the outputs of cells tagged ``answer`` are left out unless ``--answers``."""
 
 from __future__ import annotations
 
@@ -37,14 +32,10 @@ INLINE_MATH = re.compile(r"(?<![\\$])\$(?!\s)([^$\n]+?)(?<!\s)\$(?!\$)")
 
 def unexpected_errors(nb) -> List[str]:
     """The errors of cells not tagged ``raises-exception`` (the cells meant to show one), as lines."""
-    found = []
-    for index, cell in enumerate(nb.cells):
-        if "raises-exception" in cell.get("metadata", {}).get("tags", []):
-            continue
-        for output in cell.get("outputs", []):
-            if output.get("output_type") == "error":
-                found.append(f"cell {index}: {output['ename']}: {output['evalue']}"[:300])
-    return found
+    return [f"cell {index}: {output['ename']}: {output['evalue']}"[:300]
+            for index, cell in enumerate(nb.cells)
+            if "raises-exception" not in cell.get("metadata", {}).get("tags", [])
+            for output in cell.get("outputs", []) if output.get("output_type") == "error"]
 
 
 def title(nb) -> str:
@@ -100,19 +91,13 @@ def render(notebooks: Sequence[Path], out: Path, timeout_per_cell: int = 300,
     """Execute each notebook and write ``<out>/<name>.html``; one row per notebook: ``notebook``,
     ``html``, ``seconds``, ``ok``, ``errors`` (each unexpected error, by cell), ``left_out``."""
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
     with tempfile.TemporaryDirectory(prefix="ddp-tutorial-render-",
                                      ignore_cleanup_errors=True) as tmp:
-        for path in map(Path, notebooks):
-            # Kernels inherit this environment: the exercises start from fresh skeletons here.
-            scratch = Path(tmp) / path.stem
-            with mock.patch.dict(os.environ, DDP_TUTORIAL_MY_WORK=str(scratch / "my_work"),
-                                 DDP_TUTORIAL_RUNS=str(scratch / "runs")):
-                rows.append(_render_one(path, out, timeout_per_cell, answers))
-    return rows
+        return [_render_one(Path(path), out, timeout_per_cell, answers, Path(tmp) / Path(path).stem)
+                for path in notebooks]
 
 
-def _render_one(path: Path, out: Path, timeout_per_cell: int, answers: bool) -> Dict:
+def _render_one(path: Path, out: Path, timeout_per_cell: int, answers: bool, scratch: Path) -> Dict:
     import nbformat  # nbconvert and nbformat come with jupyterlab
     from nbconvert.preprocessors import ExecutePreprocessor
 
@@ -121,8 +106,10 @@ def _render_one(path: Path, out: Path, timeout_per_cell: int, answers: bool) -> 
     nb = nbformat.read(path, as_version=4)
     # allow_errors: a failing cell still gives a page up to and past it, and is reported below.
     runner = ExecutePreprocessor(timeout=timeout_per_cell, allow_errors=True)
-    try:
-        runner.preprocess(nb, {"metadata": {"path": str(path.resolve().parent)}})
+    try:  # the kernel inherits this environment: the exercises start from fresh skeletons
+        with mock.patch.dict(os.environ, DDP_TUTORIAL_MY_WORK=str(scratch / "my_work"),
+                             DDP_TUTORIAL_RUNS=str(scratch / "runs")):
+            runner.preprocess(nb, {"metadata": {"path": str(path.resolve().parent)}})
         errors = unexpected_errors(nb)
     except Exception as exc:  # a cell past its timeout, a dead kernel: render what ran
         errors = [f"{type(exc).__name__}: {exc}"[:300]]
@@ -140,7 +127,7 @@ def _render_one(path: Path, out: Path, timeout_per_cell: int, answers: bool) -> 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.teacher.render",
-                                     description=__doc__.splitlines()[0])
+                                     description="Every notebook, executed, to an HTML page.")
     add = parser.add_argument
     add("notebooks", nargs="*", type=Path, help="default: every notebooks/*.ipynb, in order")
     add("--out", type=Path, default=Path("rendered"), help="default: rendered")
@@ -150,8 +137,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     notebooks = args.notebooks or sorted(Path("notebooks").glob("[0-9]*.ipynb"))
     if not notebooks:
         parser.error("no notebooks given, and none in ./notebooks")
-    missing = [str(nb) for nb in notebooks if not Path(nb).is_file()]
-    if missing:
+    if missing := [str(nb) for nb in notebooks if not Path(nb).is_file()]:
         parser.error(f"not found: {', '.join(missing)}")
     rows = render(notebooks, args.out, args.timeout, answers=args.answers)
     failed = [r["notebook"] for r in rows if not r["ok"]]

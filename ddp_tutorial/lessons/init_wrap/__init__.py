@@ -95,11 +95,9 @@ def format_threads(rows: List[dict]) -> str:
 
 def launch_wrong_world_size(world_size: int = 2, claimed: int = 3, pg_timeout: float = 5.0,
                             timeout: float = 60.0) -> WorkerError:
-    """Start ``world_size`` ranks told WORLD_SIZE=``claimed``; the ``WorkerError`` that ends them.
-
-    Each waits in init for a rank that never comes, until its ``pg_timeout`` (``--pg-timeout``);
-    the first to give up raises ``DistStoreError: wait timeout`` and ``launch`` stops the rest.
-    """
+    """Start ``world_size`` ranks told WORLD_SIZE=``claimed``; the ``WorkerError`` that ends them:
+    each waits in init for a rank that never comes until its ``pg_timeout``, and the first to give
+    up raises ``DistStoreError: wait timeout``."""
     try:
         run_init_demo(world_size, echo="all", env={"WORLD_SIZE": str(claimed)}, timeout=timeout,
                       extra_args=["--pg-timeout", str(pg_timeout)])

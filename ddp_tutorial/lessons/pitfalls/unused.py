@@ -69,8 +69,7 @@ def format_unused_error(summary: dict) -> str:
 
 
 FIX_SETTINGS = {"find_unused": "find_unused_parameters=True", "static_graph": "static_graph=True"}
-SCHEDULES = {"alternate": "the aux head on even steps only", "never": "the aux head never used",
-             "always": "the aux head on every step"}
+SCHEDULES = {"alternate": "the aux head on even steps only", "never": "the aux head never used"}
 
 
 def format_unused_fixes(summary: dict) -> str:
@@ -79,7 +78,7 @@ def format_unused_fixes(summary: dict) -> str:
     lines = []
     for name, setting in FIX_SETTINGS.items():
         f = summary[name]
-        lines.append(f"DDP(model, {setting}), {SCHEDULES.get(f['schedule'], f['schedule'])}:")
+        lines.append(f"DDP(model, {setting}), {SCHEDULES[f['schedule']]}:")
         per_step = [f"{step}: {', '.join(names) if names else 'none'}" for step, names in enumerate(f["without_grad"])]
         lines.append(textwrap.fill("parameters left without a gradient, per step: " + "; ".join(per_step), 100,
                                    initial_indent="  ", subsequent_indent="    "))

@@ -28,9 +28,7 @@ def run_sampler_demo(world_size: int = 4, dataset_size: int = 24, epochs: int = 
 def sampler_orders(run: Run, set_epoch: bool = True) -> List[Dict[int, List[int]]]:
     """Per epoch, rank -> the sample indices its sampler yielded, in order."""
     key = "orders_set_epoch" if set_epoch else "orders_no_set_epoch"
-    per_rank = {rank: run.result(rank, key) for rank in run.ranks}
-    epochs = len(per_rank[run.ranks[0]])
-    return [{rank: per_rank[rank][epoch] for rank in run.ranks} for epoch in range(epochs)]
+    return [dict(zip(run.ranks, epoch)) for epoch in zip(*(run.result(r, key) for r in run.ranks))]
 
 
 def orders_repeat(orders: Sequence[Dict[int, List[int]]]) -> bool:
@@ -118,7 +116,7 @@ def train_args(accum_steps: int, *extra, batch_size: int = 4, dataset_size: int 
 
 
 def train(world_size: int, args: Sequence[str], echo: str = "rank0", timeout: float = 120.0) -> Run:
-    """Launch ``train.py`` on ``world_size`` ranks with ``args``."""
+    """Launch ``train.py`` on ``world_size`` ranks with ``args`` (notebook 05's crash)."""
     return launch(TRAIN_SCRIPT, world_size, args, echo=echo, timeout=timeout)
 
 

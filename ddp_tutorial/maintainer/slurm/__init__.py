@@ -1,9 +1,6 @@
 """A real SLURM cluster here (``python -m ddp_tutorial.maintainer.slurm start|demo|stop``): munged,
-slurmctld and two slurmd on 127.0.0.1, from Debian's ``slurm-wlm`` and ``munge``, run as root.
-
-Everything it writes stays in one folder; ``proctrack/linuxproc`` and ``task/none`` need no cgroups.
-Node names do not resolve: the sbatch script reads each node's ``NodeAddr`` (docs/clusters.md).
-"""
+slurmctld and two slurmd on 127.0.0.1 (Debian's ``slurm-wlm``, ``munge``), as root, all in one
+folder, no cgroups needed; node names do not resolve (docs/clusters.md)."""
 
 from __future__ import annotations
 
@@ -102,22 +99,21 @@ class LocalCluster:
         return env
 
     def pids(self) -> Dict[str, int]:
-        """The daemons ``start`` wrote down that still run, by name (not a reused pid)."""
+        """The daemons ``start`` wrote down that still run, by name: not a reused pid, as each
+        one's command line names the daemon and this folder."""
         try:
             written = json.loads(self.pid_file.read_text())
         except (FileNotFoundError, ValueError):
             return {}
-        return {name: pid for name, pid in written.items() if self._is_ours(name, pid)}
-
-    def _is_ours(self, name: str, pid: int) -> bool:
-        """``pid`` runs daemon ``name`` of this folder's cluster (its command line names both)."""
-        try:
-            proc = psutil.Process(pid)
-            words = proc.cmdline() if proc.status() != psutil.STATUS_ZOMBIE else []
-        except psutil.Error:
-            return False
-        return (bool(words) and os.path.basename(words[0]) == name.split("-")[0]
-                and any(str(self.folder) in w for w in words))
+        running = {}
+        for name, pid in written.items():
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                words = (proc.cmdline() if proc.status() != psutil.STATUS_ZOMBIE else []) or [""]
+                if (os.path.basename(words[0]) == name.split("-")[0]
+                        and any(str(self.folder) in w for w in words)):
+                    running[name] = pid
+        return running
 
     def is_up(self) -> bool:
         """Every daemon it started is alive."""
@@ -126,8 +122,7 @@ class LocalCluster:
     def start(self, timeout: float = 60.0) -> "LocalCluster":
         """Start the daemons (an earlier cluster in the folder stopped and cleared first) and wait
         until both nodes are idle; ClusterError, with the logs' ends, if not within ``timeout``."""
-        why = missing()
-        if why:
+        if why := missing():
             raise ClusterError(why)
         self.stop()
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -180,8 +175,7 @@ class LocalCluster:
         for proc in self._procs:  # a learner's stop runs in another process: init reaps those
             proc.wait()
         self._procs = []
-        if self.pid_file.exists():  # nothing of it runs now
-            self.pid_file.unlink()
+        self.pid_file.unlink(missing_ok=True)  # nothing of it runs now
         return list(pids)
 
     def run(self, *cmd: str, timeout: float = 30.0, check: bool = True, env=None, cwd=None):
@@ -246,8 +240,7 @@ def wait_for(ready, timeout: float, what: str) -> None:
 def demo_job(cluster=None, folder=None, timeout: float = 120.0) -> str:
     """If the cluster is up, a small 2-node x 2-rank job of train.py (run in ``folder``, by default
     new under ``runs/``): its queue entry and output; else why not, and how to start it."""
-    why = missing()
-    if why:
+    if why := missing():
         return f"No local SLURM cluster here: {why}."
     cluster = cluster or LocalCluster()
     if not cluster.is_up():

@@ -29,8 +29,8 @@ def main(argv=None) -> int:
             stopped = cluster.stop()
             print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
         else:
-            up = cluster.is_up()
-            print(f"up, SLURM_CONF={cluster.conf}\n{cluster.squeue()}" if up else "not running")
+            print(f"up, SLURM_CONF={cluster.conf}\n{cluster.squeue()}" if cluster.is_up()
+                  else "not running")
     except ClusterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

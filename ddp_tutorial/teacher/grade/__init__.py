@@ -1,10 +1,7 @@
 """Grade a class: every learner's exercise files, each checked on real ranks in its own sandbox.
 
-SUBMISSIONS holds one folder (or .zip) per learner with the files ``exercises.start`` writes. Each
-goes through ``exercises.check``, as the notebook runs it, in a bubblewrap sandbox (``sandbox.py``);
-``--out`` gets report.html, report.csv, results.json and a cache, so a rerun checks only what
-changed. What the sandbox guarantees, and what it does not: docs/grading.md.
-"""
+Each goes through ``exercises.check`` as the notebook runs it, in bubblewrap (``sandbox.py``;
+docs/grading.md); a cache in ``--out``, beside the reports: a rerun checks only what changed."""
 
 from __future__ import annotations
 
@@ -24,7 +21,7 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 from ddp_tutorial.exercises import NAMES
-from ddp_tutorial.teacher.grade import sandbox
+from ddp_tutorial.teacher.grade import report, sandbox
 from ddp_tutorial.teacher.grade.collect import LayoutError, collect
 from ddp_tutorial.teacher.grade.outcomes import (CRASHED, FAILED, NOT_SUBMITTED, PACKAGE_ROOT, PASSED, REFUSED,
                                                  TIMED_OUT, Cache, Limits, Outcome, cache_key, kit_version)
@@ -181,29 +178,22 @@ def hidden_and_kept(submissions: Path, out: Path) -> tuple:
     hide = {p for p in hide if os.path.isdir(p)}
     keep = {str(Path(p).resolve()) for p in [sys.prefix, sys.base_prefix, KIT_ROOT, *sys.path] if p}
     keep = {p for p in keep if os.path.exists(p)}
-    for needed in keep:
-        for folder in (submissions, out):
-            if needed == str(folder) or needed.startswith(str(folder) + os.sep):
-                raise LayoutError(f"{folder} holds {needed}, which every check needs: "
-                                  f"keep the submissions and --out apart from the kit and its Python")
+    for needed, folder in itertools.product(keep, (submissions, out)):
+        if Path(needed).is_relative_to(folder):
+            raise LayoutError(f"{folder} holds {needed}, which every check needs: keep the "
+                              "submissions and --out apart from the kit and its Python")
     return sorted(hide), sorted(keep)
 
 
 def grade(submissions_root, out="grades", jobs: int = 1, timeout: float = 60.0,
           limits: Optional[Limits] = None) -> Dict:
-    """Check every file of every learner, ``jobs`` at once, and write the report into ``out``.
-
-    Returns ``outcomes``, ``submissions``, ``report``, ``csv`` (paths) and ``seconds``. Raises
-    LayoutError (nothing written) for a layout it does not read, RuntimeError where no sandbox can run.
-    """
-    from ddp_tutorial.teacher.grade import report
-
+    """Check every file of every learner, ``jobs`` at once, write the report into ``out``; returns
+    ``outcomes``, ``submissions``. LayoutError (nothing written): a layout it does not read."""
     t0 = time.monotonic()
     limits = limits or Limits()
     root, out = Path(submissions_root).resolve(), Path(out).resolve()
     subs = collect(root)
-    problem = sandbox_problem()
-    if problem:
+    if problem := sandbox_problem():
         raise RuntimeError(problem)
     if out == root or root in out.parents or out in root.parents:
         raise LayoutError(f"--out {out} and the submissions {root} must be apart")
@@ -211,9 +201,7 @@ def grade(submissions_root, out="grades", jobs: int = 1, timeout: float = 60.0,
     out.mkdir(parents=True, exist_ok=True)
     kit = kit_version()
     cache = Cache(out)
-    for sub in subs:
-        for line in sub.skipped:
-            print(f"skipped {sub.learner}/{line}", flush=True)
+    print(*(f"skipped {s.learner}/{line}\n" for s in subs for line in s.skipped), sep="", end="")
     total = sum(e in s.files and e not in s.refused for s in subs for e in NAMES)
     print(f"grading {total} files of {len(subs)} learners, {jobs} at a time, into {out}", flush=True)
     outcomes: Dict[tuple, Outcome] = {}
@@ -265,12 +253,10 @@ def grade(submissions_root, out="grades", jobs: int = 1, timeout: float = 60.0,
                                                              "limits": asdict(limits)})
     print("\nper exercise:", *("  " + line for line in report.per_exercise_lines(subs, ordered)),
           sep="\n", flush=True)
-    print(f"graded {len(subs)} learners in {seconds:.0f} s: {written['html']}, {written['csv']}", flush=True)
-    return {"outcomes": ordered, "submissions": subs, "report": written["html"], "csv": written["csv"],
-            "seconds": seconds}
+    print(f"graded {len(subs)} learners in {seconds:.0f} s: {written['html']}, {written['csv']}",
+          flush=True)
+    return {"outcomes": ordered, "submissions": subs}
 
 
 def _cell_text(outcome: Outcome) -> str:
-    if outcome.status == PASSED:
-        return "✓"
-    return outcome.status + (f": {outcome.summary}" if outcome.summary else "")
+    return "✓" if outcome.status == PASSED else report.cell(outcome)

@@ -1,9 +1,5 @@
-"""Inside the sandbox: ``exercises.check`` the file on stdin, the result as JSON on pipe FD.
-
-    python -m ddp_tutorial.teacher.grade.checkone EXERCISE TIMEOUT FD < FILE
-
-FD is made close-on-exec first: neither the fork server nor the ranks (the learner's code) get it.
-"""
+"""``python -m ddp_tutorial.teacher.grade.checkone EXERCISE TIMEOUT FD < FILE``, in the sandbox:
+``exercises.check`` the file, the result as JSON on pipe FD, which the ranks do not inherit."""
 
 from __future__ import annotations
 
@@ -11,6 +7,7 @@ import fcntl
 import json
 import os
 import sys
+from pathlib import Path
 
 from ddp_tutorial.teacher.grade.sandbox import CHECK_DIR
 
@@ -22,8 +19,7 @@ def main(argv) -> int:
     for folder in (CHECK_DIR, f"{CHECK_DIR}/home", f"{CHECK_DIR}/runs"):
         os.mkdir(folder, 0o700)
     path = f"{CHECK_DIR}/{exercise}.py"
-    with open(path, "wb") as f:
-        f.write(sys.stdin.buffer.read())
+    Path(path).write_bytes(sys.stdin.buffer.read())
     os.chdir(CHECK_DIR)
     from ddp_tutorial import exercises, launcher
 

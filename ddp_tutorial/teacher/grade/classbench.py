@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import time
 from collections import Counter
@@ -39,9 +38,9 @@ def make_class(folder: Path, learners: int) -> Dict[str, int]:
 
 def run(learners: int = 30, jobs: Sequence[int] = (1, 2), timeout: float = 60.0) -> List[Dict]:
     """Grade a generated class once per value of ``jobs``; returns one row per run."""
-    root = Path(tempfile.mkdtemp(prefix="ddp-grade-bench-"))
     rows = []
-    try:
+    with tempfile.TemporaryDirectory(prefix="ddp-grade-bench-", ignore_cleanup_errors=True) as tmp:
+        root = Path(tmp)
         kinds = make_class(root / "class", learners)
         print(f"a class of {learners} learners x {len(NAMES)} exercises: {kinds}", flush=True)
         for n in jobs:
@@ -49,8 +48,6 @@ def run(learners: int = 30, jobs: Sequence[int] = (1, 2), timeout: float = 60.0)
             result = grade.grade(root / "class", root / f"grades-{n}", jobs=n, timeout=timeout)
             rows.append({"jobs": n, "seconds": time.monotonic() - t0, "checks": learners * len(NAMES),
                          "statuses": Counter(o.status for o in result["outcomes"])})
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     return rows
 
 

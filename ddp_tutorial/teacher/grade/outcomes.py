@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional
+
+from ddp_tutorial.teacher.grade.report import write_atomic
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,7 +79,5 @@ class Cache:
         return Outcome(**{**saved["outcome"], "cached": True})
 
     def put(self, outcome: Outcome, key: str) -> None:
-        path = self._path(outcome.learner, outcome.exercise)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": key, "outcome": asdict(outcome)}))
-        os.replace(tmp, path)  # a run interrupted here leaves the old entry or the new one, never half
+        write_atomic(self._path(outcome.learner, outcome.exercise),
+                     json.dumps({"key": key, "outcome": asdict(outcome)}))

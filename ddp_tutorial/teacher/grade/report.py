@@ -27,7 +27,8 @@ pre{white-space:pre-wrap;font-size:.85em;background:#f8f8f8;padding:.4em;margin:
 li.ok{color:#1a6b1a}li.no{color:#a11}li.nm{color:#777}"""
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path``, never torn: an interrupted run leaves the old file or the new one."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8", newline="")  # as written: the CSV's lines end in \r\n
     os.replace(tmp, path)
@@ -117,15 +118,15 @@ def write(out: Path, subs, outcomes, seconds: float, settings: Dict) -> Dict[str
     """report.html, report.csv and results.json in ``out``; returns their paths."""
     by = {(o.learner, o.exercise): o for o in outcomes}
     paths = {"html": out / "report.html", "csv": out / "report.csv", "json": out / "results.json"}
-    _write_atomic(paths["html"], html_report(subs, outcomes, seconds, settings))
+    write_atomic(paths["html"], html_report(subs, outcomes, seconds, settings))
     table = io.StringIO()
     csv.writer(table).writerows([["learner", *NAMES]] + [
         [cell_text_safe(sub.learner)] + [cell(by[sub.learner, e]) for e in NAMES] for sub in subs])
-    _write_atomic(paths["csv"], table.getvalue())
+    write_atomic(paths["csv"], table.getvalue())
     results = {"settings": settings, "seconds": seconds,
                "learners": [{"learner": s.learner, "origin": s.origin, "skipped": s.skipped} for s in subs],
                "outcomes": [{k: v for k, v in asdict(o).items() if k != "log"} for o in outcomes]}
-    _write_atomic(paths["json"], json.dumps(results, indent=1))
+    write_atomic(paths["json"], json.dumps(results, indent=1))
     return paths
 
 

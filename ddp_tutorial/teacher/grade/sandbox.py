@@ -1,11 +1,7 @@
-"""The command that checks one learner's file in a sandbox of its own: bubblewrap, prlimit, setpriv.
-
-``bwrap`` (as root) gives the check its own PID, mount, network and IPC namespaces: everything
-read-only, the hidden folders covered by empty tmpfs with what the check needs bound back, a fresh
-/tmp and /dev/shm. ``prlimit`` sets the limits, ``setpriv`` drops to the sandbox's uid without
-capabilities. When ``checkone`` ends, bwrap (pid 1 there) exits and the kernel kills the rest;
-``--die-with-parent`` takes the sandbox down with the grader.
-"""
+"""The command that checks one learner's file in a sandbox of its own: ``bwrap`` (as root) gives it
+its own PID, mount, network and IPC namespaces (all read-only, hidden folders under empty tmpfs, a
+fresh /tmp and /dev/shm), ``prlimit`` the limits, ``setpriv`` a uid without capabilities. When
+``checkone`` ends, bwrap (pid 1 there) exits and the kernel kills the rest."""
 
 from __future__ import annotations
 
@@ -23,10 +19,8 @@ PROGRAMS = {"bwrap": "Debian's bubblewrap: apt-get install bubblewrap", "prlimit
 
 def missing() -> Optional[str]:
     """One line naming the first program the sandbox needs that is not installed, or None."""
-    for program, package in PROGRAMS.items():
-        if shutil.which(program) is None:
-            return f"the grader's sandbox needs {program} ({package}), which is not installed"
-    return None
+    return next((f"the grader's sandbox needs {program} ({package}), which is not installed"
+                 for program, package in PROGRAMS.items() if shutil.which(program) is None), None)
 
 
 def _under(path: str, folder: str) -> bool:

@@ -1,10 +1,7 @@
-"""Step 1 up close: time init_process_group, do one all_reduce of rank + 1, report both.
+"""Step 1 up close: time init_process_group, do one all_reduce of rank + 1, report both, with the
+rank's threads and torch's default process-group timeouts (``torch.distributed.constants``).
 
     torchrun --standalone --nproc-per-node 4 ddp_tutorial/lessons/init_wrap/workers/init_demo.py
-
-Each rank reports its arrival and return times, the all_reduce's result, its threads (and with
-``--probe-default-threads``, rank 0 torch's default in a fresh process) and torch's default
-process-group timeouts (``torch.distributed.constants``).
 """
 
 import argparse
@@ -33,11 +30,8 @@ def parse_args():
 
 
 def torch_default_threads() -> int:
-    """Threads torch picks in a fresh Python without OMP_NUM_THREADS or MKL_NUM_THREADS.
-
-    torch sizes its pool at import, from those variables or the cores; this rank started with
-    OMP_NUM_THREADS=1 (launch and torchrun set it), or had torch imported before, warm.
-    """
+    """Threads torch picks in a fresh Python without OMP_NUM_THREADS or MKL_NUM_THREADS: it sizes
+    its pool at import, and this rank started with OMP_NUM_THREADS=1 (as torchrun sets it)."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                            env=env, capture_output=True, text=True, check=True, timeout=300)

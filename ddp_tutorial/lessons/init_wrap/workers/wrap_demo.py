@@ -1,11 +1,8 @@
-"""Step 2 up close: what DDP(model) does at construction, in backward, and with buckets.
+"""Step 2 up close, on CPU and gloo: the ``broadcast`` at ``DDP(model)``, the averaged
+``gradient`` against one process on every rank's batch, and the ``buckets`` (all-reduces per
+backward under each ``--bucket-caps``): a report of each ``part``.
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/init_wrap/workers/wrap_demo.py
-
-Three reports, by ``part``: ``broadcast`` (each rank's parameter digest before and after
-``DDP(model)``, from a different seed per rank), ``gradient`` (rank 0: DDP's gradient against one
-process on every rank's batch) and ``buckets`` (bucket sizes and all-reduces per backward, for
-the tutorial model and a deeper one under each ``--bucket-caps``). CPU and gloo only.
 """
 
 import argparse
@@ -51,9 +48,9 @@ def rank_batch(seed: int, rank: int, batch_size: int):
     return torch.randn(batch_size, 10, generator=g), torch.randn(batch_size, 20, generator=g)
 
 
-def bucket_sizes(ddp: DDP, key: str):
-    """Bucket sizes in bytes from DDP's logging data (it stores them as "a, b, ...")."""
-    text = str(ddp._get_ddp_logging_data().get(key, ""))
+def bucket_sizes(ddp: DDP):
+    """Rebuilt bucket sizes in bytes from DDP's logging data (it stores them as "a, b, ...")."""
+    text = str(ddp._get_ddp_logging_data().get("rebuilt_bucket_sizes", ""))
     return [int(s) for s in text.replace(",", " ").split()]
 
 
@@ -117,8 +114,7 @@ def count_allreduces(model: nn.Module, bucket_cap_mb, args, rank: int) -> dict:
         ddp.zero_grad(set_to_none=True)
     params = sum(p.numel() for p in model.parameters())
     return {"bucket_cap_mb": bucket_cap_mb, "param_bytes": params * 4,
-            "allreduces_per_step": calls, "bucket_sizes": bucket_sizes(ddp, "bucket_sizes"),
-            "rebuilt_bucket_sizes": bucket_sizes(ddp, "rebuilt_bucket_sizes")}
+            "allreduces_per_step": calls, "rebuilt_bucket_sizes": bucket_sizes(ddp)}
 
 
 def buckets(args, rank: int) -> None:

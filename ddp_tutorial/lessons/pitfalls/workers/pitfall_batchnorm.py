@@ -1,7 +1,5 @@
 """Pitfall 1: BatchNorm under DDP. Whose statistics does each rank keep?
 
-    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_batchnorm.py
-
 Linear -> BatchNorm1d -> ReLU -> Linear, the same init on every rank, ``--steps`` SGD steps on
 each rank's shard. Parts: ``reference`` (rank 0: one process on each whole global batch);
 ``no_sync`` (buffers not synchronised); ``broadcast`` (DDP's default: rank 0's buffers at every
@@ -14,10 +12,9 @@ cuda``); ``env``. Each trained part reports ``running_mean``, ``running_var``, `
 import argparse
 import inspect
 import os
-import sys
 
 import torch
-import torch.distributed as dist
+import torch.distributed.nn.functional as dist_nn
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -35,27 +32,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-class AllReduceSum(torch.autograd.Function):
-    """Sum over ranks in forward and backward: every rank's loss depends on every contribution."""
-
-    @staticmethod
-    def forward(ctx, t):
-        t = t.clone()
-        dist.all_reduce(t)
-        return t
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.clone()
-        dist.all_reduce(grad)
-        return grad
-
-
 def global_batch_stats(x: torch.Tensor):
     """Mean, biased variance and count of ``x`` over the global batch: one all-reduce of each
     rank's (count, sum, sum of squares)."""
     local = torch.cat([x.new_tensor([x.shape[0]]), x.sum(0), (x * x).sum(0)])
-    total = AllReduceSum.apply(local)
+    # autograd-aware: its backward all-reduces the gradient too (torch/distributed/nn/functional.py
+    # _AllReduce), so every rank's loss depends on every rank's contribution
+    total = dist_nn.all_reduce(local)
     channels = x.shape[1]
     count, s, sq = total[0], total[1:1 + channels], total[1 + channels:]
     mean = s / count
@@ -155,4 +138,4 @@ def body(args, rank: int, world_size: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run(body, parser()))
+    run(body, parser())

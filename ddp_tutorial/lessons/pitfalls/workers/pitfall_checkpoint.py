@@ -1,14 +1,11 @@
 """Pitfall 3: saving a DDP model and loading it again.
 
-    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_checkpoint.py
-
 Parts: ``wrong`` (``ddp.state_dict()`` into a plain model: the ``module.`` prefix is refused);
 ``rescue`` (``consume_prefix_in_state_dict_if_present``); ``right`` (rank 0 saves
 ``ddp.module.state_dict()``, a barrier, every rank loads with ``map_location``).
 """
 
 import os
-import sys
 
 import torch
 import torch.distributed as dist
@@ -99,4 +96,4 @@ def body(args, rank: int, world_size: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run(body, parser()))
+    run(body, parser())

@@ -1,7 +1,5 @@
 """Pitfall 7: gradient clipping with accumulation: once, after the all-reduce.
 
-    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_clipping.py
-
 Two DDP models, K = ``--accum-steps`` micro-steps per step (``no_sync`` on K - 1): ``right``
 clips once before ``optimizer.step()``; ``wrong`` clips after every micro-step, on local
 gradients. Each reports per step rank 0's ``max_diff`` from one process on the global batch
@@ -9,23 +7,17 @@ gradients. Each reports per step rank 0's ``max_diff`` from one process on the g
 """
 
 import contextlib
-import sys
 
 import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import (
-    digest, flags, max_diff, regression_batch, reporter, run, shard)
+    digest, flags, max_diff, mlp, regression_batch, reporter, run, shard)
 
 report = reporter("clipping")
 
 D_IN = 8
-
-
-def make_model(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(D_IN, 16), nn.Tanh(), nn.Linear(16, 1))
 
 
 def micro_batch(args, step: int, micro: int, world_size: int):
@@ -69,9 +61,9 @@ def parser():
 
 def body(args, rank: int, world_size: int) -> None:
     variants = {"right": False, "wrong": True}
-    models = {k: DDP(make_model(args.seed)) for k in variants}
+    models = {k: DDP(mlp(args.seed, D_IN, 16)) for k in variants}
     opts = {k: torch.optim.SGD(m.parameters(), lr=args.lr) for k, m in models.items()}
-    reference = make_model(args.seed)
+    reference = mlp(args.seed, D_IN, 16)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=args.lr)
     records = {k: {"part": k, "norms": [], "max_diff": []} for k in variants}
     ref_norms = []
@@ -89,4 +81,4 @@ def body(args, rank: int, world_size: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run(body, parser()))
+    run(body, parser())

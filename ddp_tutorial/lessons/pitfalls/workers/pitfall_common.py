@@ -1,8 +1,10 @@
 """What the pitfall scripts (``pitfall_*.py``) share: the group's life, seeded data, digests.
 
 Each script defines ``parser()`` and ``body(args, rank, world_size)``, reports each part with
-``reporter(name)`` and ends with ``sys.exit(run(body, parser()))``; ``pitfall_lab.py`` runs the
-``body`` of several scripts in one process group.
+``reporter(name)`` and ends with ``run(body, parser())``; ``pitfall_lab.py`` runs the
+``body`` of several scripts in one process group. Alone, pitfall ``<name>`` runs as
+
+    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_<name>.py
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch.distributed as dist
 from ddp_tutorial import runfolder
 
 
-def run(body: Callable, parser: argparse.ArgumentParser) -> int:
+def run(body: Callable, parser: argparse.ArgumentParser) -> None:
     """Parse the flags (and ``--pg-timeout``), join the group (nccl with ``--device cuda``), run
     ``body(args, rank, world_size)``, always leave the group."""
     parser.add_argument("--pg-timeout", type=float, default=60.0,
@@ -38,7 +40,6 @@ def run(body: Callable, parser: argparse.ArgumentParser) -> int:
         body(args, dist.get_rank(), dist.get_world_size())
     finally:
         dist.destroy_process_group()
-    return 0
 
 
 def reporter(pitfall: str) -> Callable[[dict], None]:
@@ -56,6 +57,13 @@ def flags(doc: str, **defaults) -> argparse.ArgumentParser:
         p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
                        help=f"default: {default}")
     return p
+
+
+def mlp(seed: int, d_in: int, hidden: int) -> torch.nn.Module:
+    """d_in -> hidden -> tanh -> 1, seeded: the same init on every rank."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(d_in, hidden), torch.nn.Tanh(),
+                               torch.nn.Linear(hidden, 1))
 
 
 def generator(seed: int, step: int = 0) -> torch.Generator:

@@ -9,7 +9,6 @@ repeats. Per size every rank reports its shard and accuracy, and three all-reduc
 """
 
 import argparse
-import sys
 
 import torch
 import torch.distributed as dist
@@ -73,4 +72,4 @@ def body(args, rank: int, world_size: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run(body, parser()))
+    run(body, parser())

@@ -14,7 +14,6 @@ one loss more; gloo aborts in C++, and DETAIL turns it into a RuntimeError namin
 import argparse
 import datetime
 import os
-import sys
 import time
 
 import torch
@@ -65,4 +64,4 @@ def body(args, rank: int, world_size: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run(body, parser()))
+    run(body, parser())

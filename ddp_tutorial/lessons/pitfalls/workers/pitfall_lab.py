@@ -9,7 +9,6 @@ runs with its default flags and reports exactly as it does alone.
 
 import argparse
 import importlib
-import sys
 
 from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import run
 
@@ -27,4 +26,4 @@ def body(args, rank: int, world_size: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run(body, parser()))
+    run(body, parser())

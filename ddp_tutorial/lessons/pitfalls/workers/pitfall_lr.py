@@ -1,14 +1,10 @@
 """Pitfall 6: more ranks, a larger global batch: the learning rate must follow.
 
-    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_lr.py
-
 The global batch is W*b (K = 1). Every rank trains two DDP models on the same data: ``kept``
 (one process's ``--lr``) and ``scaled`` (``W * lr`` after a linear warm-up, Goyal et al. 2017).
 Rank 0 also trains one process on the same sample order and reports (``curves``) each model's
 loss on the whole set after every DDP step, against samples seen.
 """
-
-import sys
 
 import torch
 import torch.nn as nn
@@ -16,16 +12,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
 from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import (
-    flags, regression_batch, reporter, run)
+    flags, mlp, regression_batch, reporter, run)
 
 report = reporter("lr")
 
 D_IN = 8
-
-
-def make_model(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(D_IN, 32), nn.Tanh(), nn.Linear(32, 1))
 
 
 def scaled_lr(base_lr: float, world_size: int, step: int, warmup_steps: int) -> float:
@@ -54,10 +45,10 @@ def parser():
 
 def body(args, rank: int, world_size: int) -> None:
     x, y = regression_batch(args.seed, 0, args.dataset_size, D_IN)
-    models = {"kept": DDP(make_model(args.seed)), "scaled": DDP(make_model(args.seed))}
+    models = {"kept": DDP(mlp(args.seed, D_IN, 32)), "scaled": DDP(mlp(args.seed, D_IN, 32))}
     opts = {k: torch.optim.SGD(m.parameters(), lr=args.lr) for k, m in models.items()}
     sampler = DistributedSampler(range(args.dataset_size), seed=args.seed)
-    single = make_model(args.seed)  # W = 1 (rank 0 only)
+    single = mlp(args.seed, D_IN, 32)  # W = 1 (rank 0 only)
     single_opt = torch.optim.SGD(single.parameters(), lr=args.lr)
     single_sampler = DistributedSampler(range(args.dataset_size), num_replicas=1, rank=0, seed=args.seed)
     b = args.batch_size
@@ -88,4 +79,4 @@ def body(args, rank: int, world_size: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run(body, parser()))
+    run(body, parser())

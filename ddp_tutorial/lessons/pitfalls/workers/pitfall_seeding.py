@@ -1,12 +1,8 @@
 """Pitfall 5: which seeds must match across ranks, and which must differ.
 
-    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_seeding.py
-
 Parts, each with ``seed`` on every rank and with ``seed + rank``: ``init`` (a fresh model's
 digest), ``sampler`` (one epoch's indices), ``dropout`` (a DDP model's masks per step).
 """
-
-import sys
 
 import torch
 import torch.nn as nn
@@ -70,4 +66,4 @@ def body(args, rank: int, world_size: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run(body, parser()))
+    run(body, parser())

@@ -1,7 +1,5 @@
 """Pitfall 2: parameters that some steps do not use.
 
-    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_unused.py
-
 ``Branchy``'s auxiliary head is used on even steps only (``alternate``) or never. Parts:
 ``error`` (plain DDP: "Expected to have finished reduction in the prior iteration", with the
 parameter names in DDP's order); ``find_unused`` and ``static_graph`` (per step the parameters
@@ -10,7 +8,6 @@ without a gradient, a digest, rank 0's difference from one process); ``static_gr
 step of each in turn: wall and CPU time per step).
 """
 
-import sys
 import time
 
 import torch
@@ -28,8 +25,9 @@ D_IN, HIDDEN = 8, 16
 class Branchy(nn.Module):
     """A trunk, a head, and an auxiliary head that ``forward`` uses only when asked."""
 
-    def __init__(self):
+    def __init__(self, seed: int):
         super().__init__()
+        torch.manual_seed(seed)  # the same init on every rank
         self.trunk = nn.Linear(D_IN, HIDDEN)
         self.head = nn.Linear(HIDDEN, 1)
         self.aux = nn.Linear(HIDDEN, 1)
@@ -44,11 +42,13 @@ def uses_aux(schedule: str, step: int) -> bool:
     return schedule == "alternate" and step % 2 == 0
 
 
-def train_steps(model, args, rank: int, world_size: int, schedule: str, sharded: bool = True):
-    """SGD steps on the schedule; per step, the names of parameters left without a gradient."""
+def train_steps(model, args, rank: int, world_size: int, schedule: str, sharded: bool = True,
+                without_grad=None):
+    """SGD steps on the schedule; per step (into ``without_grad``, so that it says how far a
+    failed run got), the names of parameters left without a gradient."""
     inner = model.module if isinstance(model, DDP) else model
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    without_grad = []
+    without_grad = [] if without_grad is None else without_grad
     for step in range(args.steps):
         x, y = regression_batch(args.seed, step, args.batch_size * world_size, D_IN)
         if sharded:
@@ -60,19 +60,14 @@ def train_steps(model, args, rank: int, world_size: int, schedule: str, sharded:
     return without_grad
 
 
-def fresh(seed: int) -> Branchy:
-    torch.manual_seed(seed)  # the same init on every rank
-    return Branchy()
-
-
 def trained_part(part: str, ddp_kwargs: dict, schedule: str, args, rank: int, world_size: int) -> None:
     """Train with DDP(**ddp_kwargs); report what lacked gradients and how far from one process."""
-    model = DDP(fresh(args.seed), **ddp_kwargs)
+    model = DDP(Branchy(args.seed), **ddp_kwargs)
     without_grad = train_steps(model, args, rank, world_size, schedule)
     record = {"part": part, "schedule": schedule, "without_grad": without_grad,
               "digest": digest(model.module.parameters())}
     if rank == 0:
-        reference = fresh(args.seed)
+        reference = Branchy(args.seed)
         train_steps(reference, args, rank, world_size, schedule, sharded=False)
         record["max_diff_reference"] = max_diff(model.module.parameters(), reference.parameters())
     report(record)
@@ -80,17 +75,14 @@ def trained_part(part: str, ddp_kwargs: dict, schedule: str, args, rank: int, wo
 
 def error_part(part: str, ddp_kwargs: dict, args, rank: int, world_size: int) -> None:
     """Train on the alternating schedule until DDP refuses; report its message."""
-    model = DDP(fresh(args.seed), **ddp_kwargs)
+    model = DDP(Branchy(args.seed), **ddp_kwargs)
     names = [n for n, _ in model.module.named_parameters()]
-    step = None
+    done = []
     try:
-        for step in range(args.steps):
-            x, y = regression_batch(args.seed, step, args.batch_size * world_size, D_IN)
-            x, y = shard(x, rank, world_size), shard(y, rank, world_size)
-            nn.functional.mse_loss(model(x, uses_aux("alternate", step)), y).backward()
+        train_steps(model, args, rank, world_size, "alternate", without_grad=done)
     except RuntimeError as err:  # raised alike on every rank, before any collective of that step
-        report({"part": part, "step": step, "message": str(err), "first_line": first_line(err),
-                "param_names": names})
+        report({"part": part, "step": len(done), "message": str(err),
+                "first_line": first_line(err), "param_names": names})
         return
     raise RuntimeError(f"{part}: DDP{ddp_kwargs} trained {args.steps} alternating steps without the error")
 
@@ -130,4 +122,4 @@ def body(args, rank: int, world_size: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run(body, parser()))
+    run(body, parser())

@@ -1,11 +1,9 @@
-"""What DistributedSampler hands each rank: per-epoch orders, padding, and per-rank data.
+"""What DistributedSampler hands each rank: its orders with and without ``set_epoch``, its indices
+of a ``--padding-size`` dataset with ``drop_last`` False and True, and fingerprints of the dataset
+built from one shared seed (``train.make_inputs``) and per rank (``original.make_inputs``).
 
     torchrun --standalone --nproc-per-node 4 \
         ddp_tutorial/lessons/sampler_accumulation/workers/sampler_demo.py
-
-Each rank reports its orders with and without ``set_epoch``, its indices of a
-``--padding-size`` dataset with ``drop_last`` False and True, and fingerprints of the dataset
-built from one shared seed (``train.make_inputs``) and per rank (``original.make_inputs``).
 """
 
 import argparse

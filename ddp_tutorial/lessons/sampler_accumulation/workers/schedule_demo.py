@@ -1,12 +1,10 @@
-"""Which micro-batches reach an optimizer step under a step schedule, measured exactly.
+"""Which micro-batches reach an optimizer step under ``original.sync_schedule``, then
+``train.sync_schedule``, measured exactly: a one-weight model ``y = w * x`` in float64 under DDP,
+where micro-batch ``i`` of epoch ``e`` on rank ``r`` feeds ``x = 2 ** bit(r, e, i)``, so the bits
+of a synced gradient times the world size name the micro-batches a step applied.
 
     torchrun --standalone --nproc-per-node 2 \
         ddp_tutorial/lessons/sampler_accumulation/workers/schedule_demo.py
-
-A one-weight model ``y = w * x`` in float64 under DDP: micro-batch ``i`` of epoch ``e`` on rank
-``r`` feeds ``x = 2 ** bit(r, e, i)``, so the bits of a synced gradient times the world size name
-exactly the micro-batches a step applied; what is left in ``.grad`` at the end was never applied.
-Step 4's loop runs with ``original.sync_schedule``, then ``train.sync_schedule``.
 """
 
 import argparse

@@ -1,12 +1,10 @@
-"""Several runs of train.py in one launch: one process group, a run folder per run.
+"""Several runs of train.py in one launch, each ``train.main`` in a run folder of its own; steps 1
+and 5 (join and leave the group) happen once. The argument maps a run's name to [ranks (all, or 1:
+a plain process on rank 0), train.py's flags]; ``--schedule-demo`` runs ``schedule_demo.py`` last.
 
     torchrun --standalone --nproc-per-node 2 \
         ddp_tutorial/lessons/sampler_accumulation/workers/train_runs.py \
         '{"K=1": [2, ["--accum-steps", "1"]], "big batch": [1, ["--batch-size", "32"]]}'
-
-The argument maps a run's name to [ranks, train.py's flags]. Each run is ``train.main`` in a
-folder of its own; only steps 1 and 5 (join and leave the group) happen once. A 1-rank run is
-one plain process on rank 0. With ``--schedule-demo``, ``schedule_demo.py`` runs last, in the group.
 """
 
 import json
