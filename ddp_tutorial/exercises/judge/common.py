@@ -133,12 +133,9 @@ def used_a_return_value(run: HarnessRun) -> Optional[str]:
     """What to say when a rank failed using an in-place collective's return value (None, or a Work)."""
     rank = run.failed_rank
     error = (run.final(rank) or {}).get("error") if rank is not None else None
-    if not error or error["type"] not in ("AttributeError", "TypeError"):
-        return None
-    if "'NoneType'" not in error["message"] and "'Work'" not in error["message"]:
-        return None
     done = [c["op"] for c in run.events(rank, "collective") if c["op"] in IN_PLACE]
-    if not done:
+    if not (error and done and error["type"] in ("AttributeError", "TypeError")
+            and ("'NoneType'" in error["message"] or "'Work'" in error["message"])):
         return None
     op = done[-1]
     return (f"rank {rank} used a value that is None (or a Work) after {op}: dist.{op} works in place and "

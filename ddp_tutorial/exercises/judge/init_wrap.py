@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from ddp_tutorial.exercises.judge.common import (
     absent, ALL_REDUCE_SUM, collective_calls, Criterion, destroyed_everywhere, ended_on_its_own, JOINED,
@@ -11,30 +11,22 @@ from ddp_tutorial.exercises.judge.common import (
 from ddp_tutorial.exercises.runs import HarnessRun
 
 
-def hard_coded_rank(run: HarnessRun, called: Dict[int, List[dict]]) -> Optional[str]:
-    """What was wrong if init_process_group got a rank= or world_size= other than the launcher's."""
-    for rank in run.ranks:
-        if not called[rank]:
-            continue
-        given = called[rank][-1]
-        starts = run.events(rank, "start")
-        env_rank = int(starts[0]["rank_env"]) if starts else rank
-        env_world = int(starts[0]["world_size_env"]) if starts else run.world_size
-        if given["rank_arg"] not in (None, env_rank) or given["world_size_arg"] not in (None, env_world):
-            return (f"process {rank} called init_process_group(rank={given['rank_arg']}, "
-                    f"world_size={given['world_size_arg']}), but the launcher made it rank {env_rank} of "
-                    f"{env_world}: hard-coded values do not form one group. Leave rank= and world_size= "
-                    "out: env:// reads the RANK and WORLD_SIZE the launcher set for each process")
-    return None
-
-
 def joined_one_group(run: HarnessRun) -> Criterion:
     world = run.world_size
     called = {r: run.events(r, "init_called") for r in run.ranks}
     joined = {r: run.events(r, "init") for r in run.ranks}
-    hard_coded = hard_coded_rank(run, called)
-    if hard_coded:
-        return Criterion(JOINED, False, hard_coded)
+    for rank in (r for r in run.ranks if called[r]):  # rank=, world_size= not the launcher's
+        given, starts = called[rank][-1], run.events(rank, "start")
+        env_rank = int(starts[0]["rank_env"]) if starts else rank
+        env_world = int(starts[0]["world_size_env"]) if starts else world
+        if (given["rank_arg"] not in (None, env_rank)
+                or given["world_size_arg"] not in (None, env_world)):
+            return Criterion(JOINED, False, (
+                f"process {rank} called init_process_group(rank={given['rank_arg']}, "
+                f"world_size={given['world_size_arg']}), but the launcher made it rank "
+                f"{env_rank} of {env_world}: hard-coded values do not form one group. Leave "
+                "rank= and world_size= out: env:// reads the RANK and WORLD_SIZE the launcher "
+                "set for each process"))
     if not any(called.values()):
         return Criterion(JOINED, False, "init_process_group was never called: call "
                                         "dist.init_process_group(\"gloo\") before any collective")
@@ -120,21 +112,6 @@ def why_not_averaged(finals: Dict[int, dict]) -> str:
     return "the gradients were not averaged alike on every rank"
 
 
-def first_step_that_differs(finals: Dict[int, dict]) -> Optional[str]:
-    """None if every rank held the same parameters after every optimizer step; else where they first differ."""
-    steps = {r: f["params_per_step"] for r, f in finals.items()}
-    counts = {r: len(s) for r, s in steps.items()}
-    if len(set(counts.values())) > 1:
-        return "the ranks made different numbers of optimizer steps: " + ", ".join(
-            f"rank {r}: {n}" for r, n in counts.items())
-    for i in range(counts[0]):
-        for rank in steps:
-            d = max_difference(steps[0][i], steps[rank][i])
-            if d > TOLERANCE:
-                return f"after optimizer step {i + 1}, rank 0 and rank {rank} differ by up to {d:.3g}"
-    return None
-
-
 def wrapped(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     unwrapped = [r for r, f in finals.items() if not f["ddp_wraps"]]
     if not unwrapped:
@@ -174,9 +151,17 @@ def same_after_steps(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
         return Criterion(SAME_AFTER_STEPS, False, (
             f"on {ranks_text(gradless)} no parameter had a gradient when the optimizer stepped, so nothing "
             "trained: call loss.backward() before optimizer.step()"))
-    differ = first_step_that_differs(finals)
-    if differ:
-        return Criterion(SAME_AFTER_STEPS, False, f"{differ}: {why_not_averaged(finals)}")
+    steps = {r: f["params_per_step"] for r, f in finals.items()}
+    if len({len(s) for s in steps.values()}) > 1:
+        counts = ", ".join(f"rank {r}: {len(s)}" for r, s in steps.items())
+        return Criterion(SAME_AFTER_STEPS, False, "the ranks made different numbers of optimizer "
+                                                  f"steps: {counts}: {why_not_averaged(finals)}")
+    for i in range(len(steps[0])):
+        for rank, per_step in steps.items():
+            if (d := max_difference(steps[0][i], per_step[i])) > TOLERANCE:
+                return Criterion(SAME_AFTER_STEPS, False, (
+                    f"after optimizer step {i + 1}, rank 0 and rank {rank} differ by up to "
+                    f"{d:.3g}: {why_not_averaged(finals)}"))
     return Criterion(SAME_AFTER_STEPS, True, f"{plural(finals[0]['optimizer_steps'], 'step')} alike")
 
 

@@ -14,11 +14,8 @@ from ddp_tutorial.exercises.settings import ACCUM_STEPS, EPOCHS
 
 
 def same_dataset(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
-    prints = {}
-    for rank, final in finals.items():
-        sources = final["sampler_iterations"] or final["loader_iterations"]
-        if sources:
-            prints[rank] = sources[0]["dataset"]
+    prints = {r: (f["sampler_iterations"] or f["loader_iterations"])[0]["dataset"]
+              for r, f in finals.items() if f["sampler_iterations"] or f["loader_iterations"]}
     if len(prints) < run.world_size:
         silent = [r for r in run.ranks if r not in prints]
         return not_measured(SAME_DATASET, run, f"{ranks_text(silent)} iterated no DataLoader or sampler")
@@ -132,11 +129,6 @@ def epochs_of(final: dict) -> List[Tuple[int, int]]:
     return [(a + 1, b) for a, b in zip(starts, ends) if b > a]
 
 
-def planned_steps(first: int, last: int) -> List[int]:
-    """After which forwards a script steps in one epoch: every K-th, and the epoch's last (train.sync_schedule)."""
-    return [n for n in range(first, last + 1) if (n - first + 1) % ACCUM_STEPS == 0 or n == last]
-
-
 def where_the_tail_went(epochs: List[Tuple[int, int]], steps: List[int]) -> Optional[str]:
     """The first epoch whose last micro-batches ended no window: what happened to their gradients."""
     for e, (first, last) in enumerate(epochs):
@@ -160,7 +152,9 @@ def k_micro_steps(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
         epochs, steps = epochs_of(f), f.get("forwards_at_step", [])
         if not f["ddp_forwards"] or not epochs:
             return absent(K_MICRO_STEPS, run, f"rank {rank} made no forward through DDP in a DataLoader loop")
-        planned = [n for first, last in epochs for n in planned_steps(first, last)]
+        # every K-th forward of each epoch, and its last (train.sync_schedule)
+        planned = [n for first, last in epochs for n in range(first, last + 1)
+                   if (n - first + 1) % ACCUM_STEPS == 0 or n == last]
         if steps == planned:
             continue
         tail = where_the_tail_went(epochs, steps)
@@ -217,24 +211,18 @@ def same_as_one_process(run: HarnessRun, finals: Dict[int, dict]) -> Criterion:
     for mistake, why in MISTAKE_RESULTS.items():
         if max_difference(mine, refs.get(mistake)) <= TOLERANCE:
             return Criterion(SAME_AS_ONE_PROCESS, False, f"{detail}: {why}")
-    wiped = gradients_wiped_mid_window(rank0)
+    steps = rank0.get("forwards_at_step", [])
+    wiped = sorted(set(rank0.get("zero_grad_at", [])) - {0, *steps})  # zero_grad() inside a window
     if wiped:
-        return Criterion(SAME_AS_ONE_PROCESS, False, f"{detail}: {wiped}")
+        return Criterion(SAME_AS_ONE_PROCESS, False, (
+            f"{detail}: zero_grad() ran after forwards {wiped[:8]}"
+            f"{' ...' if len(wiped) > 8 else ''}, inside a window (the optimizer stepped after "
+            f"forwards {steps[:8]}{' ...' if len(steps) > 8 else ''}): it wiped the gradients the "
+            "window's earlier micro-batches had accumulated. Zero the gradients only right after "
+            "each optimizer step"))
     if not ranks_agree:
         detail += f"; the ranks also differ from each other: {why_not_averaged(finals)}"
     return Criterion(SAME_AS_ONE_PROCESS, False, detail)
-
-
-def gradients_wiped_mid_window(final: dict) -> Optional[str]:
-    """Where zero_grad() ran between two micro-batches of one window, wiping what the window accumulated."""
-    boundaries = {0, *final.get("forwards_at_step", [])}
-    inside = sorted({n for n in final.get("zero_grad_at", []) if n not in boundaries})
-    if not inside:
-        return None
-    return (f"zero_grad() ran after forwards {inside[:8]}{' ...' if len(inside) > 8 else ''}, inside a window "
-            f"(the optimizer stepped after forwards {final['forwards_at_step'][:8]}"
-            f"{' ...' if len(final['forwards_at_step']) > 8 else ''}): it wiped the gradients the window's "
-            "earlier micro-batches had accumulated. Zero the gradients only right after each optimizer step")
 
 
 def judge_no_sync(run: HarnessRun) -> List[Criterion]:

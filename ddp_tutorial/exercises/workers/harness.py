@@ -62,10 +62,6 @@ def error_record(exc: BaseException, script: str):
             "traceback": "".join(lines).rstrip().splitlines()[-8:]}
 
 
-def sampler_seed(seen: Observations) -> int:
-    return seen.sampler_iterations[0]["seed"] if seen.sampler_iterations else 0
-
-
 def checkpoint_records(seen: Observations):
     """For each file this rank saved: does it load strictly into ``task.make_model()`` (as a plain
     process would load it; the DDP wrapper's keys start with ``module.``), and what it holds."""
@@ -123,8 +119,9 @@ def run(exercise: str, script: str) -> Optional[BaseException]:
     report(record)  # first: a peer's failure stops this rank, and the references take a while
     if exercise in NEEDS_REFERENCE and int(os.environ.get("RANK", 0)) == 0 and error is None:
         world_size = seen.init_world_size or int(os.environ.get("WORLD_SIZE", 1))
+        seed = seen.sampler_iterations[0]["seed"] if seen.sampler_iterations else 0
         report({"event": "references", "reference_world_size": world_size,
-                "references": reference.references(world_size, sampler_seed(seen))})
+                "references": reference.references(world_size, seed)})
     if exercise == "shard":
         shard_records.report_after(seen, failed=failure is not None)
     return failure
