@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from ddp_tutorial import bench
+from ddp_tutorial.maintainer import bench
 from ddp_tutorial.backend import gpu_count
 from ddp_tutorial.lessons.performance import costmodel as perf, measure
 

@@ -7,7 +7,7 @@ import pytest
 
 import psutil
 
-from ddp_tutorial import bench
+from ddp_tutorial.maintainer import bench
 from ddp_tutorial.maintainer import suite
 from ddp_tutorial.lessons.performance import measure
 
