@@ -220,7 +220,7 @@ def test_schedule_demo_names_the_micro_batches_each_step_applies(accumulation_ru
 
 def test_crashing_rank_is_reported_and_nothing_survives(launch_in_tmp):
     with pytest.raises(ddp_tutorial.WorkerError) as info:
-        launch_in_tmp(lessons.train, 2, lessons.train_args(
+        launch_in_tmp(ddp_tutorial.launch, ddp_tutorial.TRAIN_SCRIPT, 2, lessons.train_args(
             1, "--fail-at-step", "3", "--fail-rank", "1", dataset_size=64), echo="none")
     crash = info.value
     assert crash.rank == 1 and "injected failure on rank 1 at step 3" in crash.traceback

@@ -1,13 +1,11 @@
-"""Notebook 11's helpers: one launch of ``workers/build_ddp_lab.py`` measures every hand-made DDP of
-``workers/my_ddps.py`` beside torch's; a second one shows BucketDDP hanging on a parameter that got
-no gradient. The helpers turn the records into the notebook's tables. No torch is imported here.
-"""
+"""Notebook 11's helpers: the lab measures the hand-made DDPs of ``workers/my_ddps.py`` beside
+torch's, a second launch shows BucketDDP hanging on a parameter that got no gradient. No torch."""
 
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Dict
+from typing import Dict, List
 
 from ddp_tutorial.exercises.judge.common import max_difference as max_diff
 from ddp_tutorial.launcher import LaunchTimeout, warm_ready, launch, worker_script
@@ -34,8 +32,8 @@ def show(*names: str) -> None:
 
 def run_lab(world_size: int = 4, steps: int = 5, timeout: float = 120.0, progress: bool = True,
             **launch_kwargs) -> Run:
-    """Launch the lab (every part but the hang) on ``world_size`` ranks; ``exact`` runs ``steps``
-    SGD steps at each W from 2 to ``world_size``. ``progress`` echoes rank 0's progress."""
+    """The lab but the hang on ``world_size`` ranks (``steps`` SGD steps at each W from 2 up);
+    ``progress`` echoes rank 0's."""
     t0 = time.monotonic()
     run = launch(SCRIPT, world_size, ["--steps", str(steps)], timeout=timeout,
                  echo="rank0" if progress else "none", **launch_kwargs)
@@ -45,27 +43,25 @@ def run_lab(world_size: int = 4, steps: int = 5, timeout: float = 120.0, progres
 
 
 # -- 1. Broadcast at construction ------------------------------------------------
+def _by_version(run: Run, part: str) -> Dict[str, List[dict]]:
+    out: Dict[str, List[dict]] = {}
+    for rec in records(run, part):
+        out.setdefault(rec["version"], []).append(rec)
+    return out
+
+
 def construction(run: Run) -> Dict[str, dict]:
     """Per version: did the ranks start different and end with rank 0's weights; broadcasts made."""
-    out: Dict[str, dict] = {}
-    for rec in records(run, "construct"):
-        row = out.setdefault(rec["version"], {"before": set(), "after": set(),
-                                              "rank0": rec["rank0_built"], "broadcasts": set()})
-        for key in ("before", "after", "broadcasts"):
-            row[key].add(rec[key])
-    return {v: {"ranks_differed_before": len(r["before"]) == run.world_size,
-                "all_equal_rank0_after": r["after"] == {r["rank0"]},
-                "broadcasts": sorted(r["broadcasts"])} for v, r in out.items()}
+    return {v: {"ranks_differed_before": len({r["before"] for r in recs}) == run.world_size,
+                "all_equal_rank0_after": {r["after"] for r in recs} == {recs[0]["rank0_built"]},
+                "broadcasts": sorted({r["broadcasts"] for r in recs})}
+            for v, recs in _by_version(run, "construct").items()}
 
 
 def buffers(run: Run) -> Dict[str, dict]:
     """Per version: the buffer each rank set after construction, and what its next forward saw."""
-    out: Dict[str, dict] = {}
-    for rec in records(run, "buffers"):
-        row = out.setdefault(rec["version"], {"set": [], "seen": []})
-        row["set"].append(rec["set"])
-        row["seen"].append(rec["seen"])
-    return out
+    return {v: {"set": [r["set"] for r in recs], "seen": [r["seen"] for r in recs]}
+            for v, recs in _by_version(run, "buffers").items()}
 
 
 # -- 2./3./5. Exactness, all-reduces, buckets -----------------------------------------
@@ -179,9 +175,8 @@ COLD_START_S = 25.0
 
 def unused_parameter_hang(pg_timeout: float = 2.0, timeout: float = 5.0) -> dict:
     """BucketDDP on 2 ranks where only rank 0 takes a branch: rank 0's all-reduce fails at the
-    group's ``pg_timeout`` (the lab notes it and ends rank 0); rank 1 still waits at the launch's
-    deadline ``timeout``. Returns the LaunchTimeout's first line, the stacks and each rank's report;
-    raises AssertionError if the launch did not time out."""
+    group's ``pg_timeout`` (the lab notes it, ends rank 0), rank 1 still waits at the deadline
+    ``timeout``. Returns the LaunchTimeout's first line, stacks and each rank's report."""
     # Warm ranks have imported torch, so the deadline measures the hang; cold ones import it first,
     # inside both the deadline and init_process_group's wait (bounded by the group's timeout).
     if not warm_ready():

@@ -1,14 +1,8 @@
-"""Judge exercise "my_ddp": a learner's MyDDP beside torch's DDP, from what
-``workers/my_ddp_harness.py`` measured at W = 2 and 4. A failure names the mistake its measurement
-matches; a criterion that this mistake upsets as a side effect says "not measured". No torch here.
-
-Where the exercise allows more than torch's DDP does: either bucket rule (a new bucket before the
-cap is passed, or DDP's: closed once it reaches the cap, reducer.cpp
-``compute_bucket_assignment_by_size``), in any order that is the same on every rank; buffers
-broadcast at construction only; for a parameter no forward uses, an error on every rank (DDP raises
-at the next forward, ``Reducer::ensure_prior_reduction_finished``) or what
-find_unused_parameters=True gives. ``my_ddp_buckets`` holds the shared names and two criteria.
-"""
+"""Judge exercise "my_ddp" from what ``workers/my_ddp_harness.py`` measured at W = 2 and 4: a
+failure names the mistake it matches; a criterion that mistake upsets as a side effect says "not
+measured". Allowed beyond torch's DDP: either bucket rule (``my_ddp_buckets``), any order that is
+the same on every rank, buffers broadcast at construction only, and for an unused parameter an
+error on every rank (DDP raises: ``Reducer::ensure_prior_reduction_finished``). No torch here."""
 
 from __future__ import annotations
 

@@ -115,11 +115,6 @@ def train_args(accum_steps: int, *extra, batch_size: int = 4, dataset_size: int 
     return [str(a) for a in args]
 
 
-def train(world_size: int, args: Sequence[str], echo: str = "rank0", timeout: float = 120.0) -> Run:
-    """Launch ``train.py`` on ``world_size`` ranks with ``args`` (notebook 05's crash)."""
-    return launch(TRAIN_SCRIPT, world_size, args, echo=echo, timeout=timeout)
-
-
 TRAIN_RUNS_SCRIPT = worker_script(__file__, "train_runs.py")
 
 

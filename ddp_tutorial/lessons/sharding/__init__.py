@@ -1,8 +1,5 @@
 """Notebook 10, beyond DDP: memory, ZeRO-1, FSDP2 and compressed gradients (no torch here).
-
-``run_lab()`` measures everything in one launch of ``workers/sharding_lab.py``; the rest turns
-its records into the tables the notebook prints, plots and asserts.
-"""
+``run_lab()`` measures all in one launch; the rest turns its records into the notebook's tables."""
 
 from __future__ import annotations
 

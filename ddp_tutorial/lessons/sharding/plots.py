@@ -1,7 +1,5 @@
 """Figures of notebook 10: bytes held per rank, bytes sent per step, loss with compressed gradients.
-
-Each plot takes ``ax``, the axes to draw on (a new figure if None), and ``title``.
-"""
+Each takes ``ax`` (a new figure if None) and ``title``."""
 
 from __future__ import annotations
 

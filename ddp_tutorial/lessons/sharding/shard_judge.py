@@ -1,8 +1,5 @@
-"""Exercise "shard": turn a DDP script with Adam into ZeRO-1, judged from what the ranks measured.
-
-The measurements are ``workers/shard_records.py``'s. A criterion whose measurement a run that
-stopped early never made says "not measured" (``judge.common.absent``). No torch in here.
-"""
+"""Exercise "shard" (a DDP script with Adam made ZeRO-1), judged from ``workers/shard_records.py``'s
+measurements; one a run that stopped early never made says "not measured". No torch in here."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""DDP built by hand, measured against torch's on the same model and data, in one launch.
-
-``--parts`` (comma-separated; each reports records with ``part`` = its name): construct, exact
+"""DDP built by hand against torch's on the same model and data. ``--parts``: construct, exact
 (W = 2, 3 and 4 in groups of ranks 0..W-1), overlap (W = 2, the timing model), cases (no_sync,
-find_unused_parameters) and hang (run it under a launch deadline). Notebook 11 shows each.
-"""
+find_unused_parameters) and hang (under a launch deadline); each reports records ``part``=name."""
 
 import contextlib
-import sys
 import time
 
 import torch
@@ -21,7 +17,8 @@ from ddp_tutorial.lessons.build_ddp.workers.lab_models import (
 from ddp_tutorial.lessons.build_ddp.workers.lab_recording import ddp, log, quiet_stderr, readiness
 from ddp_tutorial.lessons.build_ddp.workers.my_ddps import (
     BucketDDP, FlatDDP, NaiveDDP, OverlapDDP, SimulatedGpuKernel)
-from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import digest, flags, run, shard
+from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import digest, shard
+from ddp_tutorial.lessons.sharding.workers.sharding_common import run_parts
 
 PARTS = ("construct", "exact", "overlap", "cases", "hang")
 #: Caps (MiB) that cut the toy model's 2,132 trainable bytes into 1, 2 and 3 buckets by BucketDDP's
@@ -65,7 +62,7 @@ def part_construct(args, rank, world_size):
     for version in (*VERSIONS, "ddp"):
         model = seeded(ToyModel, args.seed + rank)  # a different start on every rank
         before = digest(model.parameters())
-        with log:
+        with log.recording():
             wrapped = wrap(version, model, None)
         runfolder.report({"part": "construct", "version": version, "before": before,
                           "after": digest([*wrapped.parameters(), *wrapped.buffers()]),
@@ -92,7 +89,7 @@ def train(model, steps, seed, rank, world_size, rows_per_rank, grads=None):
     for step in range(steps):
         x, y = batch(seed, step, rows_per_rank * world_size, 10, 5)
         optimizer.zero_grad(set_to_none=True)
-        with log:
+        with log.recording():
             loss(model, x, y, rank, world_size).backward()
             sync(model)
         calls = [c for c in log.take() if c["op"] == "all_reduce"]
@@ -183,7 +180,7 @@ class Timed:
         # Both ranks start together: a rank set back earlier by a shared CPU would make its peer wait
         # inside this step's all-reduces, and that wait is not communication.
         dist.barrier(group=group)
-        with log:
+        with log.recording():
             t0 = time.perf_counter()
             out = loss(model, x, y, rank, 2)
             t1 = time.perf_counter()
@@ -256,7 +253,7 @@ def part_cases(args, rank, world_size, k=4):
         optimizer, per_micro = sgd(model), []
         for micro in range(k):  # k micro-batches, all but the last inside no_sync()
             x, y = batch(args.seed, 200 + micro, args.batch_size * 2, 10, 5)
-            with log:
+            with log.recording():
                 with model.no_sync() if micro < k - 1 else contextlib.nullcontext():
                     (loss(model, x, y, rank, 2) / k).backward()
                 if micro == k - 1:
@@ -270,7 +267,7 @@ def part_cases(args, rank, world_size, k=4):
         x, y = batch(args.seed, 250, args.batch_size * 2, 10, 5)
         counts = {}
         for where in ("forward inside", "backward inside"):
-            with log:
+            with log.recording():
                 with model.no_sync() if where == "forward inside" else contextlib.nullcontext():
                     out_loss = loss(model, x, y, rank, 2)
                 with model.no_sync() if where == "backward inside" else contextlib.nullcontext():
@@ -316,26 +313,8 @@ def part_hang(args, rank, world_size):
     raise AssertionError("finish_gradient_synchronization returned: a bucket was all-reduced with no peer")
 
 
-def parser():
+if __name__ == "__main__":
     # 11 timing steps: 10 timed per rank after the warm-up one, and DDP's logger collects its times
     # only in iterations 1-10 (reducer.cpp should_collect_runtime_stats), read at the next forward.
-    p = flags(__doc__, steps=5, batch_size=8, timing_steps=11)
-    p.add_argument("--parts", default="construct,exact,overlap,cases",
-                   help="comma-separated: " + ", ".join(PARTS))
-    return p
-
-
-def body(args, rank, world_size):
-    wanted = [part for part in args.parts.split(",") if part]
-    unknown = [part for part in wanted if part not in PARTS]
-    if unknown:
-        raise SystemExit(f"no part(s) {unknown}; the parts are {', '.join(PARTS)}")
-    for part in wanted:
-        t0 = time.perf_counter()
-        globals()[f"part_{part}"](args, rank, world_size)
-        if rank == 0 and part != "hang":  # progress, echoed live by run_lab
-            print(f"{part}: done in {time.perf_counter() - t0:.1f} s", flush=True)
-
-
-if __name__ == "__main__":
-    sys.exit(run(body, parser()))
+    run_parts(__doc__, {part: globals()["part_" + part] for part in PARTS},
+              "construct,exact,overlap,cases", steps=5, batch_size=8, timing_steps=11)

@@ -1,52 +1,17 @@
-"""What the lab records on a rank: each all-reduce and broadcast, the buckets torch's DDP hands its
-comm hook, and when backward made each gradient."""
+"""What the lab records on a rank: each collective (notebook 10's log), the buckets torch's DDP
+hands its comm hook, and when backward made each gradient."""
 
 import contextlib
 import os
 import sys
 import time
 
-import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddp_tutorial.lessons.sharding.workers.sharding_common import CollectiveLog
 
-class Collectives:
-    """Every dist.all_reduce and dist.broadcast made while recording: bytes, launch and completion
-    (perf_counter; an async one completes when its future does, seen from gloo's thread)."""
-
-    def __init__(self):
-        self.calls, self.recording = [], False
-        all_reduce, broadcast = dist.all_reduce, dist.broadcast
-
-        def recorded(original, op):
-            def call(tensor, *args, **kwargs):
-                rec = {"op": op, "bytes": tensor.numel() * tensor.element_size(), "launch": time.perf_counter()}
-                work = original(tensor, *args, **kwargs)
-                if self.recording:
-                    self.calls.append(rec)
-                if work is None:
-                    rec["done"] = time.perf_counter()
-                else:
-                    work.get_future().then(lambda _: rec.__setitem__("done", time.perf_counter()))
-                return work
-            return call
-
-        dist.all_reduce, dist.broadcast = recorded(all_reduce, "all_reduce"), recorded(broadcast, "broadcast")
-
-    def take(self):
-        calls, self.calls = self.calls, []
-        return calls
-
-    def __enter__(self):
-        self.recording = True
-        return self
-
-    def __exit__(self, *exc):
-        self.recording = False
-
-
-log = Collectives()
+log = CollectiveLog()
 
 
 class BucketLog:

@@ -1,16 +1,8 @@
-"""The harness of exercise "my_ddp": the learner's ``MyDDP`` beside torch's DDP, on this rank.
-
-    python rank/bootstrap.py my_ddp_harness.py my_ddp SCRIPT
-
-Reports ``construct`` (a model built from this rank's seed, wrapped), ``train`` per cap of
-``CAP_BYTES`` (each all-reduce the class made, how far backward was at its launch and wait; the
-gradients and parameters against DDP's and this rank's own), ``no_sync``, ``unused`` (a parameter
-no forward uses), each collective as it is called (``launch``) and ``mismatch`` where the ranks'
-collectives part (``my_ddp_watch.py``). DDP runs on a group of its own: its collectives never meet
-the class's. Readiness is a tensor hook registered before the class is built: a leaf's tensor
-hooks run before its post-accumulate-grad hooks (``torch/_tensor.py``: ``register_hook``,
-``register_post_accumulate_grad_hook``). Errors are reported, then raised.
-"""
+"""Exercise "my_ddp"'s harness (``bootstrap.py my_ddp_harness.py my_ddp SCRIPT``): the learner's
+``MyDDP`` beside torch's DDP (on a group of its own) on this rank; reports ``construct``, ``train``
+per cap, ``no_sync``, ``unused``, and each collective (``my_ddp_watch.py``). A gradient counts as
+produced in a tensor hook registered before the class's: a leaf's tensor hooks run before its
+post-accumulate-grad hooks (``torch/_tensor.py``). Errors are reported, then raised."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""What the harness observes and reports in exercise "shard", beyond every exercise's records.
-
-``observe`` adds the exercise's observers; after the script, each rank reports ``shard_final``
-(``final_record``), then rank 0 replays the DDP script and reports ``shard_reference``.
-"""
+"""Exercise "shard"'s own observers (``observe``); after the script each rank reports
+``shard_final``, and rank 0 replays the DDP script as ``shard_reference``."""
 
 from __future__ import annotations
 
@@ -161,25 +158,21 @@ def final_record(seen: Observations) -> dict:
 
 
 def report_after(seen: Observations, failed: bool) -> None:
-    """``shard_final``, then rank 0's replay (after a failed script too), then the wait."""
+    """``shard_final``, then rank 0's replay (after a failed script too); then mark this rank's
+    reports written, and if its script failed wait (``REPORTS_WAIT_S`` at most) for the others'
+    marks: its exit stops the group, and a peer's reports would be lost."""
     report(final_record(seen))  # first: a peer's failure stops this rank, the replay takes a while
-    if int(os.environ.get("RANK", 0)) == 0:
-        params, state_bytes, steps = ddp_replay(int(os.environ.get("WORLD_SIZE", 1)))
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if rank == 0:
+        params, state_bytes, steps = ddp_replay(world_size)
         report({"event": "shard_reference", "reference": params,
                 "reference_state_bytes": state_bytes, "reference_steps": steps})
-    wait_for_the_others_reports(seen.store, failed)
-
-
-def wait_for_the_others_reports(store, failed: bool) -> None:
-    """Mark this rank's reports written; if its script failed, first wait (``REPORTS_WAIT_S`` at
-    most) for the others' marks: its exit stops the group, and a peer's reports would be lost."""
-    if store is None:  # the script never joined a group
+    if seen.store is None:  # the script never joined a group
         return
-    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     try:
-        store.set(f"shard_reports/{rank}", "1")
+        seen.store.set(f"shard_reports/{rank}", "1")
         if failed:
             others = [f"shard_reports/{r}" for r in range(world_size) if r != rank]
-            store.wait(others, timedelta(seconds=REPORTS_WAIT_S))
+            seen.store.wait(others, timedelta(seconds=REPORTS_WAIT_S))
     except Exception:  # noqa: BLE001 - timed out, or the store's host exited: end as the script did
         pass

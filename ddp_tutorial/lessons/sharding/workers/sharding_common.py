@@ -1,16 +1,17 @@
-"""What the sharding scripts share (rank side): the models, bytes held, and a log of collectives.
-
-Byte counts are of what this rank holds: a DTensor's local shard, ZeRO's local optimizer's state.
-"""
+"""What the labs share (rank side): the parts' main, models, bytes held (this rank's: a DTensor's
+local shard, ZeRO's local optimizer's state), and a log of collectives."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Iterable, List
+import time
+from typing import Callable, Dict, Iterable, List
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+
+from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import flags, run
 
 #: The collectives the log records: the name and position of their full-size tensor argument.
 FULL_TENSOR = {"all_reduce": ("tensor", 0), "broadcast": ("tensor", 0),
@@ -20,6 +21,25 @@ FULL_TENSOR = {"all_reduce": ("tensor", 0), "broadcast": ("tensor", 0),
 #: torch 2.9's names (FSDP2 calls them there), recorded under torch 2.13's.
 NEWER_NAME = {"all_gather_into_tensor": "all_gather_single",
               "reduce_scatter_tensor": "reduce_scatter_single"}
+
+
+def run_parts(doc: str, parts: Dict[str, Callable], default: str, **defaults) -> None:
+    """A lab's main: ``parts[name](args, rank, world_size)`` for each name of ``--parts``
+    (comma-separated, ``default``), in order; rank 0 prints each one's time (live progress)."""
+    p = flags(doc, **defaults)
+    p.add_argument("--parts", default=default, help="comma-separated: " + ", ".join(parts))
+
+    def body(args, rank, world_size):
+        wanted = [part for part in args.parts.split(",") if part]
+        unknown = [part for part in wanted if part not in parts]
+        if unknown:
+            raise SystemExit(f"no part(s) {unknown}; the parts are {', '.join(parts)}")
+        for part in wanted:
+            t0 = time.perf_counter()
+            parts[part](args, rank, world_size)
+            if rank == 0:
+                print(f"{part}: done in {time.perf_counter() - t0:.1f} s", flush=True)
+    run(body, p)
 
 
 def mlp(d_in: int, hidden: int, d_out: int, seed: int) -> nn.Sequential:
@@ -68,9 +88,9 @@ def full_parameters(model: nn.Module) -> List[torch.Tensor]:
 
 
 class CollectiveLog:
-    """Records each ``FULL_TENSOR`` collective called as ``dist.<name>(...)``: op, dtype, elements,
-    bytes. DDP's comm hooks, ZeroRedundancyOptimizer and FSDP2 look the name up when they call
-    (DDP without a hook all-reduces in C++, unseen)."""
+    """Each ``FULL_TENSOR`` collective called as ``dist.<name>(...)`` (DDP without a comm hook
+    all-reduces in C++, unseen): op, dtype, elements, bytes, launch, and an all-reduce's completion
+    (perf_counter; an async one's when its future completes, on gloo's thread)."""
 
     def __init__(self):
         self.calls: List[dict] = []
@@ -81,10 +101,16 @@ class CollectiveLog:
 
         def recorded(*args, **kwargs):
             t = kwargs[key] if key in kwargs else args[pos]
-            self.calls.append({"op": NEWER_NAME.get(name, name),
-                               "dtype": str(t.dtype).replace("torch.", ""),
-                               "elements": t.numel(), "bytes": t.numel() * t.element_size()})
-            return fn(*args, **kwargs)
+            rec = {"op": NEWER_NAME.get(name, name), "dtype": str(t.dtype).replace("torch.", ""),
+                   "elements": t.numel(), "bytes": t.numel() * t.element_size(),
+                   "launch": time.perf_counter()}
+            self.calls.append(rec)
+            work = fn(*args, **kwargs)
+            if name == "all_reduce" and work is None:
+                rec["done"] = time.perf_counter()
+            elif name == "all_reduce":
+                work.get_future().then(lambda _: rec.__setitem__("done", time.perf_counter()))
+            return work
         return recorded
 
     @contextlib.contextmanager

@@ -1,15 +1,6 @@
-"""Where DDP stops: what each rank holds and sends under DDP, ZeRO-1, FSDP2, compressed gradients.
-
-    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/sharding/workers/sharding_lab.py
-
-``--parts`` (comma-separated; each reports records with ``part`` = its name): ``memory`` (bytes
-held after one step, per model and strategy), ``zero`` and ``fsdp`` (side by side with DDP + Adam
-for ``--steps``: the collectives of each step, and how far apart they end), ``compress`` (DDP's
-comm hooks: the all-reduces and the loss per step). Every rank trains on its own rows of one
-seeded global batch per step, so one process on the whole batch is the reference.
-"""
-import sys
-
+"""What each rank holds and sends under DDP, ZeRO-1, FSDP2 and compressed gradients. ``--parts``:
+memory (bytes held after one step), zero and fsdp (beside DDP + Adam: each step's collectives, the
+final gap), compress (DDP's comm hooks). Each rank trains on its rows of one seeded global batch."""
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -21,9 +12,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_tutorial import train
 from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import (
-    digest, flags, generator, max_diff, run, shard)
+    digest, generator, max_diff, shard)
 from ddp_tutorial.lessons.sharding.workers.sharding_common import (
-    CollectiveLog, full_parameters, held, mlp, optimizer_state)
+    CollectiveLog, full_parameters, held, mlp, optimizer_state, run_parts)
 from ddp_tutorial.runfolder import report
 
 PARTS = ("memory", "zero", "fsdp", "compress")
@@ -292,20 +283,6 @@ def part_compress(args, rank, world_size):
             "bf16_compress_hook_refused": bf16_refusal(), "build": build_facts()})
 
 
-def parser():
-    p = flags(__doc__, steps=8, compress_steps=60, batch_size=16)
-    p.add_argument("--parts", default=",".join(PARTS), help="comma-separated: " + ", ".join(PARTS))
-    return p
-
-
-def body(args, rank, world_size):
-    wanted = [part for part in args.parts.split(",") if part]
-    unknown = [part for part in wanted if part not in PARTS]
-    if unknown:
-        raise SystemExit(f"no part(s) {unknown}; the parts are {', '.join(PARTS)}")
-    for part in wanted:
-        globals()[f"part_{part}"](args, rank, world_size)
-
-
 if __name__ == "__main__":
-    sys.exit(run(body, parser()))
+    run_parts(__doc__, {part: globals()["part_" + part] for part in PARTS}, ",".join(PARTS),
+              steps=8, compress_steps=60, batch_size=16)
