@@ -2,6 +2,7 @@
 (no real suite runs here)."""
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -17,6 +18,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_readme_test_command_is_the_one_the_maintainer_runs():
     readme = (ROOT / "README.md").read_text()
     assert f"pip install -r requirements.txt && {' '.join(suite.README_TEST_COMMAND)}\n" in readme
+
+
+def test_the_suite_reads_the_torch_requirements_txt_pins():
+    pinned = suite.pinned_torch((ROOT / "requirements.txt").read_text())
+    assert pinned is not None and re.fullmatch(r"\d+\.\d+\.\d+", pinned), pinned  # no "; marker"
 
 
 def test_requirements_get_the_asked_torch_and_keep_the_rest():

@@ -130,6 +130,12 @@ def clone(root: Path, into: Path) -> str:
     return commit
 
 
+def pinned_torch(requirements: str) -> Optional[str]:
+    """The version in ``torch==VERSION`` (before any ``; marker``), or None."""
+    pinned = re.search(r"^torch==([\w.+]+)", requirements, re.M)
+    return pinned.group(1) if pinned else None
+
+
 def suite_runs(runs: int, busy_runs: int = 0, tests: Sequence[str] = (), torch: Optional[str] = None,
                no_pip_config: bool = False, timeout: float = 3600.0, echo: bool = True,
                in_place: bool = False, env: Optional[Dict[str, str]] = None) -> Dict:
@@ -140,8 +146,7 @@ def suite_runs(runs: int, busy_runs: int = 0, tests: Sequence[str] = (), torch: 
     if not in_place:
         root = checkout()
         if torch is None:
-            pinned = re.search(r"^torch==(\S+)", (root / "requirements.txt").read_text(), re.M)
-            torch = pinned.group(1) if pinned else None
+            torch = pinned_torch((root / "requirements.txt").read_text())
         if torch is None:
             raise SystemExit("error: requirements.txt pins no torch==VERSION: name one (--torch)")
         python = venv_python(torch_venv(torch, root, no_pip_config))
