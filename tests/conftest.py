@@ -89,47 +89,33 @@ def only_checks(cpu_s: float = 1.0, wall_s: float = 10.0):
     assert wall < wall_s, f"{wall:.1f} s: it waited for something"
 
 
-#: The order in which the pytest-xdist workers take tests (``--dist loadgroup --no-loadscope-reorder``:
-#: the next one goes to whichever worker is free, in this order; everything else follows in collection
-#: order). The longest first (by ``pytest --durations=0``), so the short ones at the end even out the
-#: workers' finishing times. A module whose tests share a module-scoped fixture (a launch, a graded
-#: class, a SLURM cluster) is one unit, on one worker (``_group_module_fixtures``); the tests of any
-#: other module, each one check or launch, spread over the workers: the exercise checks alone take
-#: minutes in a row.
+#: The order in which the pytest-xdist workers take modules and notebooks (``--dist loadscope
+#: --no-loadscope-reorder``: the next one goes to whichever worker is free, in this order; everything
+#: else follows in collection order). The longest first (by ``pytest --durations=0``), so the short
+#: ones at the end even out the workers' finishing times.
 LONG_ONES_FIRST = (
-    "tests/test_beyond_one_machine.py",  # one unit: torchrun agents restarting
-    "tests/test_grade.py",  # one unit: a graded class
-    "tests/test_slurm.py",  # one unit: a SLURM cluster
     "tests/test_exercise_my_ddp.py",
     "tests/test_exercises.py",
+    "tests/test_beyond_one_machine.py",
     "tests/test_exercise_shard.py",
+    "tests/test_grade.py",
+    "tests/test_slurm.py",
     "tests/test_teardown_order.py",
-    "tests/test_bench.py",
     "tests/test_hardening.py",
+    "tests/test_bench.py",
+    "tests/test_launcher.py",
     "tests/test_lessons_init_wrap.py",
     "notebooks/11_build_your_own_ddp.ipynb",
     "notebooks/06_capstone_port_a_script.ipynb",
     "notebooks/08_beyond_one_machine.ipynb",
     "notebooks/10_beyond_ddp_sharding.ipynb",
     "notebooks/05_teardown.ipynb",
-    "tests/test_launcher.py",
     "tests/test_train.py",
 )
 
 
-def _group_module_fixtures(item) -> None:
-    """Keep on one worker the tests of a module that share a fixture of module scope (built once)."""
-    info = getattr(item, "_fixtureinfo", None)  # a notebook has none
-    defs = info.name2fixturedefs.values() if info is not None else ()
-    if any(d.scope == "module" for ds in defs for d in ds):
-        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     place = {name: i for i, name in enumerate(LONG_ONES_FIRST)}
-    for item in items:
-        _group_module_fixtures(item)
     items.sort(key=lambda item: place.get(item.nodeid.split("::")[0], len(place)))  # stable: the rest keep their order
 
 

@@ -20,7 +20,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
+import psutil
+
 from ddp_tutorial.exercises import NAMES
+from ddp_tutorial.launcher import procgroup
 from ddp_tutorial.teacher.grade import report, sandbox
 from ddp_tutorial.teacher.grade.collect import LayoutError, collect
 from ddp_tutorial.teacher.grade.outcomes import (CRASHED, FAILED, NOT_SUBMITTED, PACKAGE_ROOT, PASSED, REFUSED,
@@ -89,6 +92,23 @@ def torch_address_space() -> int:
     return -(-int(done.stdout.split()[-1]) // quantum) * quantum
 
 
+def _empty(uid: int, timeout: float = 10.0) -> None:
+    """Wait until no process of ``uid`` is left, killing any: the sandbox's processes die with its
+    pid namespace, but not at once (a fork loop's hundreds take a while on a busy machine), and the
+    next check with this uid must start alone."""
+    def alive():
+        return [p for p in psutil.process_iter(["uids", "status"]) if p.info["uids"] is not None
+                and p.info["uids"].real == uid and p.info["status"] != psutil.STATUS_ZOMBIE]
+
+    def gone() -> bool:
+        for p in alive():
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        return not alive()
+
+    procgroup.wait_until(gone, timeout)
+
+
 def check_in_sandbox(learner: str, exercise: str, source: bytes, timeout: float, uid: int, limits: Limits,
                      hide: Sequence[str], keep: Sequence[str]) -> Outcome:
     """``exercises.check`` one file in a fresh sandbox; never raises for what the file does."""
@@ -122,6 +142,7 @@ def check_in_sandbox(learner: str, exercise: str, source: bytes, timeout: float,
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         _RUNNING.pop(process.pid, None)
+        _empty(uid)
     log = output.text()
     seconds = time.monotonic() - t0
     try:
