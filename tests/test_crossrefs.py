@@ -15,6 +15,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from ddp_tutorial.maintainer import record
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "ddp_tutorial"
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -49,8 +51,17 @@ def documents() -> list:
         code = [c.source for c in nb.cells if c.cell_type == "code"]
         docs.append((path.name, path.parent, text, aliases(code)))
     for path in MARKDOWN:
-        docs.append((str(path.relative_to(ROOT)), path.parent, path.read_text(), {}))
+        docs.append((str(path.relative_to(ROOT)), path.parent, prose(path.read_text()), {}))
     return docs
+
+
+def prose(text: str) -> str:
+    """``text`` without the sections a command wrote (``--record``): its output, not prose."""
+    return RECORDED.sub("", text)
+
+
+RECORDED = re.compile(re.escape(record.BEGIN).replace(r"\{\}", ".*?") + ".*?"
+                      + re.escape(record.END).replace(r"\{\}", ".*?"), re.S)
 
 
 def aliases(code_cells) -> dict:
