@@ -21,8 +21,8 @@ from ddp_tutorial.launcher import (
     WorkerError,
     free_port,
     launch,
-    scripts_path,
 )
+from ddp_tutorial.lessons.worker_scripts import scripts_path
 from ddp_tutorial.runfolder import Run
 from ddp_tutorial.torch_version import print_versions
 

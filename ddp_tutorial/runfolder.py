@@ -1,12 +1,11 @@
 """The run folder, the one contract between the ranks and the kernel: its formats, writers, ``Run``.
-
-``launch`` claims it (``claim``) and names it to the ranks (``envvars.RUN_DIR``). Each rank appends
-JSON lines to ``rank<R>.jsonl``, tagged with its restart ``attempt``; ``Run`` reads them back. Under
-``launch`` a rank's bootstrap also leaves notes in ``.ranks/``: when it failed, and its stacks.
-"""
+``launch`` claims it (``claim``) and names it to the ranks (``envvars.RUN_DIR``); each rank appends
+JSON lines to ``rank<R>.jsonl``, tagged with its restart ``attempt``, and under ``launch`` leaves
+notes in ``.ranks/`` (when it failed, its stacks); ``Run`` reads them back."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ddp_tutorial import envvars
+from ddp_tutorial.train_records import TrainRecords
 
 #: The file ``launch`` claims its run folder with (``O_EXCL``): one launch per folder.
 CLAIM_FILE = ".launch.json"
@@ -42,8 +42,11 @@ class MetricsWriter:
         self.path = os.path.join(run_dir, f"rank{rank}.jsonl")
         self.attempt = envvars.restart_attempt() if attempt is None else attempt
         self._file = open(self.path, "w" if fresh else "a", encoding="utf-8")
-        if self._file.tell() and not _ends_with_newline(self.path):
-            self._file.write("\n")  # the last writer died mid-line: do not glue ours to it
+        if self._file.tell():
+            with open(self.path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":  # the last writer died mid-line: do not glue ours to it
+                    self._file.write("\n")
 
     def write(self, record: Dict[str, Any]) -> None:
         record = record if "attempt" in record else {**record, "attempt": self.attempt}
@@ -52,12 +55,6 @@ class MetricsWriter:
 
     def close(self) -> None:
         self._file.close()
-
-
-def _ends_with_newline(path: str) -> bool:
-    with open(path, "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
 
 
 _REPORTERS: Dict[str, MetricsWriter] = {}
@@ -97,10 +94,8 @@ def _rank_notes(run_dir, kind: str, attempt: int, read) -> Dict[int, Any]:
     """rank -> ``read(path)`` of each note of ``kind``; a torn or unreadable note counts as none."""
     notes, pattern = {}, _note(run_dir, kind, attempt, "*")
     for path in pattern.parent.glob(pattern.name):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             notes[int(path.stem.rsplit("rank", 1)[1])] = read(path)
-        except (OSError, ValueError):
-            continue
     return notes
 
 
@@ -117,10 +112,8 @@ def stack_notes(run_dir, attempt: int) -> Dict[int, str]:
 
 def drop_rank_notes_if_empty(run_dir) -> None:
     """After a run whose ranks all exited 0: no folder of notes is left if they wrote none."""
-    try:
+    with contextlib.suppress(OSError):  # not there, or holds notes
         Path(run_dir, RANK_NOTES).rmdir()
-    except OSError:  # not there, or holds notes
-        pass
 
 
 # -- The kernel's side: reading a run --------------------------------------------------
@@ -129,10 +122,8 @@ def read_jsonl(path: Path) -> List[Dict[str, Any]]:
     records = []
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
-            try:
+            with contextlib.suppress(json.JSONDecodeError):
                 records.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
     return [r for r in records if isinstance(r, dict)]
 
 
@@ -158,30 +149,21 @@ def counted(records: List[Dict[str, Any]], attempt: int) -> List[Dict[str, Any]]
     return kept
 
 
-class Run:
+class Run(TrainRecords):
     """The results of one launch, read from its run folder. A restarted run holds several
     attempts: ``Run`` shows the final one, its steps with the earlier ones it resumed from
-    (``counted``); ``Run(run_dir, attempt=k)`` shows attempt k alone.
-
-    Attributes:
-        run_dir: the folder holding ``rank<R>.jsonl`` and, after training, ``model.pt``.
-        attempt: the attempt shown; ``attempts``: every attempt found in the files.
-        steps: per rank, its micro-step records in order; ``summaries``: per rank, the final
-            summary (missing for ranks that died); ``events``: per rank, the other records
-            (``checkpoint``, ``resume``, ``result``...); ``records``: per rank, every record.
-        output, exit_codes, pids, master_port, wall_seconds, start_mode ("warm" or "cold"),
-            cold_reason: filled in by ``launch``.
-    """
+    (``counted``); ``Run(run_dir, attempt=k)`` shows attempt k alone. Per rank: ``steps`` (its
+    micro-steps in order), ``summaries`` (the final summary; none for a rank that died),
+    ``events`` (the other records: ``checkpoint``, ``result``...), ``records`` (every record).
+    ``launch`` fills in ``output``, ``exit_codes``, ``pids``, ``master_port``, ``wall_seconds``,
+    ``start_mode`` ("warm" or "cold") and ``cold_reason``."""
 
     def __init__(self, run_dir, world_size: Optional[int] = None, attempt: Optional[int] = None):
         self.run_dir = Path(run_dir)
         self.output: Dict[int, List[str]] = {}
         self.exit_codes: Dict[int, Optional[int]] = {}
         self.pids: List[int] = []
-        self.master_port: Optional[int] = None
-        self.wall_seconds: Optional[float] = None
-        self.start_mode: Optional[str] = None
-        self.cold_reason: Optional[str] = None
+        self.master_port = self.wall_seconds = self.start_mode = self.cold_reason = None
         self.records = {int(m[1]): read_jsonl(p) for p in sorted(self.run_dir.glob("rank*.jsonl"))
                         if (m := re.fullmatch(r"rank(\d+)\.jsonl", p.name))}
         self.attempts = sorted({attempt_of(r) for recs in self.records.values() for r in recs})
@@ -207,27 +189,6 @@ class Run:
         steps = self.steps.get(rank) or []
         return steps[-1]["step"] if steps else None
 
-    def column(self, rank: int, key: str) -> List[Any]:
-        """One field over all micro-steps of ``rank``, e.g. ``run.column(0, "loss")``."""
-        return [rec[key] for rec in self.steps.get(rank, [])]
-
-    def sync_steps(self, rank: int) -> List[Dict[str, Any]]:
-        """Micro-steps of ``rank`` that synchronised gradients."""
-        return [rec for rec in self.steps.get(rank, []) if rec["sync"]]
-
-    def allreduce_calls(self, rank: int = 0) -> int:
-        """Bucket all-reduces ``rank`` actually executed, counted by the comm hook."""
-        return sum(rec["allreduce_calls"] for rec in self.steps.get(rank, []))
-
-    def optimizer_steps(self, rank: int = 0) -> int:
-        return sum(1 for rec in self.steps.get(rank, []) if rec["optimizer_step"])
-
-    def mean_loss_curve(self) -> List[float]:
-        """Mean over ranks of the local loss, per micro-step (ranks that finished it)."""
-        n = min((len(s) for s in self.steps.values()), default=0)
-        ranks = self.ranks
-        return [sum(self.steps[r][i]["loss"] for r in ranks) / len(ranks) for i in range(n)]
-
     def results(self, rank: int) -> List[Dict[str, Any]]:
         """Records a demo script sent with ``runfolder.report`` from ``rank``."""
         return [rec for rec in self.events.get(rank, []) if rec.get("kind") == "result"]
@@ -239,28 +200,6 @@ class Run:
                 return rec[key]
         raise KeyError(f"rank {rank} reported no {key!r} in {self.run_dir}")
 
-    def model_state(self):
-        """The final ``state_dict`` rank 0 saved as ``model.pt`` (loaded on CPU)."""
-        import torch  # only here: reading metrics needs no torch
-
-        return torch.load(self.run_dir / "model.pt", map_location="cpu", weights_only=True)
-
-    def describe(self) -> str:
-        """One line per rank: steps, last loss, total sync time."""
-        lines = [f"run folder: {self.run_dir}"]
-        for rank in self.ranks:
-            steps = self.steps[rank]
-            if not steps:
-                lines.append(f"rank {rank}: no steps")
-                continue
-            sync = sum(s["sync_s"] for s in steps)
-            lines.append(
-                f"rank {rank}: {len(steps)} micro-steps, "
-                f"{self.optimizer_steps(rank)} optimizer steps, "
-                f"loss {steps[0]['loss']:.4f} -> {steps[-1]['loss']:.4f}, "
-                f"sync {sync * 1e3:.1f} ms in {self.allreduce_calls(rank)} all-reduces")
-        return "\n".join(lines)
-
     def __repr__(self) -> str:
         return f"Run({str(self.run_dir)!r}, ranks={self.ranks})"
 
@@ -269,8 +208,7 @@ class Run:
 def claim(run_dir, stem: str, name: str, info: Dict[str, object]) -> Path:
     """Make (or take the empty) run folder and claim it with ``CLAIM_FILE``, created ``O_EXCL``:
     of two launches given one folder, exactly one gets it. ``run_dir`` None: a new folder under
-    ``runs/`` (or $DDP_TUTORIAL_RUNS) named after ``stem``; ``name``: what ``run_dir`` was given as,
-    for the errors (``RunFolderError``); ``info``: for the claim file."""
+    ``runs/`` (or $DDP_TUTORIAL_RUNS) named after ``stem``; ``name``: ``run_dir``'s, for errors."""
     if run_dir is None:  # the folder to make a new one in
         name, path = envvars.RUNS_ROOT, Path(os.environ.get(envvars.RUNS_ROOT, "runs"))
     else:

@@ -82,18 +82,14 @@ def waiting_in(text: str) -> Optional[str]:
     return None
 
 
-def rank_stacks(run_dir, attempt: int, ranks) -> Dict[int, str]:
-    """rank -> its script's stack at the moment it was stopped, for each of ``ranks``."""
+def rank_stacks(run_dir, attempt: int, ranks) -> Tuple[Dict[int, str], Dict[int, Optional[str]]]:
+    """For each of ``ranks``: its script's stack when it was stopped, and the torch.distributed
+    call it was inside (None: none, or no stack)."""
     notes = runfolder.stack_notes(run_dir, attempt)
     missing = ("(no stack: the rank did not write one when asked or stopped; a script with its "
                "own handler for those signals, or a rank stopped before it could, leaves none)")
-    return {r: script_stack(notes[r]) if r in notes else missing for r in ranks}
-
-
-def rank_waits(run_dir, attempt: int, ranks) -> Dict[int, Optional[str]]:
-    """rank -> the torch.distributed call it was inside when stopped (None: none, or no stack)."""
-    notes = runfolder.stack_notes(run_dir, attempt)
-    return {r: (waiting_in(notes[r]) if r in notes else None) for r in ranks}
+    return ({r: script_stack(notes[r]) if r in notes else missing for r in ranks},
+            {r: waiting_in(notes[r]) if r in notes else None for r in ranks})
 
 
 def format_stacks(stacks: Dict[int, str], waits: Dict[int, Optional[str]]) -> str:

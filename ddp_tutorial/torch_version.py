@@ -57,13 +57,11 @@ def installed() -> Tuple[Optional[str], Optional[str], Optional[str]]:
 
 def refusal(version: Optional[str], folder: Optional[str]) -> Optional[str]:
     """The line that refuses ``version`` (found in ``folder``), or None if the kit can use it."""
-    if version is None:
-        return (f"ddp_tutorial needs torch >= {_dotted(FLOOR)}, and none is installed for "
-                f"{sys.executable}: {FIX}")
-    parsed = parse(version)
+    parsed = parse(version or "")
     if parsed is None or parsed < FLOOR:
-        return (f"ddp_tutorial needs torch >= {_dotted(FLOOR)}, but found torch {version} in "
-                f"{folder}: {FIX}")
+        found = (f"found torch {version} in {folder}" if version
+                 else f"none is installed for {sys.executable}")
+        return f"ddp_tutorial needs torch >= {_dotted(FLOOR)}, but {found}: {FIX}"
     return None
 
 

@@ -118,7 +118,9 @@ def test_there_are_enough_wrong_and_right_answers():
 
 def test_the_untouched_skeleton_gets_no_tick_but_for_running(tmp_path):
     """No criterion passes on nothing: with no all-reduce at all, order, buckets and overlap are not measured."""
-    result = exercises.check("my_ddp", exercises.EXERCISES["my_ddp"].skeleton, timeout=TIMEOUT)
+    exercises.start("my_ddp")
+    result = exercises.check("my_ddp", timeout=TIMEOUT)  # runs my_work/my_ddp.py, as the notebook does
+    assert "exercises.hint('my_ddp')" in result.message and "on 2 ranks; 4 once these pass" in result.message
     assert passed_names(result) == {my_ddp.RAN}, result.message
     assert failed(result, my_ddp.ORDER[:30]).startswith("not measured: no rank launched an all-reduce")
     assert crosses(result) == {my_ddp.BROADCAST, my_ddp.SAME}, result.message

@@ -176,7 +176,7 @@ def test_the_kit_finds_its_worker_scripts_in_their_own_package():
                if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None))
                == "scripts_path"]
     assert callers == []
-    from ddp_tutorial.launcher import worker_script
+    from ddp_tutorial.lessons.worker_scripts import worker_script
     lesson = PACKAGE / "lessons" / "teardown" / "__init__.py"
     assert worker_script(str(lesson), "teardown_demo.py") == str(lesson.parent / "workers" / "teardown_demo.py")
     with pytest.raises(FileNotFoundError, match="no worker script"):

@@ -71,7 +71,7 @@ def test_bench_cli_refuses_busy_core_without_notebooks(capsys):
 
 
 def test_gradient_as_bucket_view_puts_every_grad_inside_a_bucket():
-    rows = measure.grad_view(world_size=2, steps=2)
+    rows = measure.ddp_lab(2, sections=["grad_view"], steps=2)["grad_view"]
     assert len(rows) == 4
     for r in rows:
         assert r["bucket_bytes"] >= r["grad_bytes"] > 0

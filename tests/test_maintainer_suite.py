@@ -46,7 +46,7 @@ here</failure><system-out>[launch] deadline passed; where each rank was:
 ProcessLookupError: [Errno 3] No such process
 x
 y</error></testcase>
-<testcase classname="" name="notebooks/00_overview.ipynb" time="9.0"/>
+<testcase classname="notebooks.00_overview.ipynb" name="00_overview.ipynb" time="9.0"/>
 </testsuite></testsuites>
 '''
 

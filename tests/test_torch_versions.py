@@ -55,5 +55,5 @@ def test_the_range_stated_in_pyproject_and_readme_is_the_one_checked():
     readme = (ROOT / "README.md").read_text()
     assert f"torch {floor} to {newest}" in readme
     assert torch_version.refusal("2.8.9", "/x") and not torch_version.refusal(f"{floor}.0", "/x")
-    assert torch_version.refusal(None, None).startswith("ddp_tutorial needs torch >= 2.9, and none is installed")
+    assert torch_version.refusal(None, None).startswith("ddp_tutorial needs torch >= 2.9, but none is installed")
     assert torch_version.parse("2.10.0a0+git123") == (2, 10) and torch_version.parse("nightly") is None

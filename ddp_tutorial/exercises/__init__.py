@@ -22,7 +22,7 @@ import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ddp_tutorial import envvars
 from ddp_tutorial.exercises import judge, runs
@@ -226,7 +226,8 @@ def check(name: str, path=None, timeout: float = DEFAULT_TIMEOUT_S,
         criteria = exercise.judge(*harness_runs)
     # dict.fromkeys: a plain run reports its pid twice
     pids = list(dict.fromkeys(pid for run in harness_runs for pid in run.pids))
-    result = _result(exercise, script, criteria, pids, time.monotonic() - t0)
+    ran = [run.world_size for run in harness_runs if run.mode == "launch"]
+    result = _result(exercise, script, criteria, pids, time.monotonic() - t0, ran)
     print(result.message)
     return result
 
@@ -240,9 +241,11 @@ def _run_folder(name: str) -> Path:
 
 
 def _result(exercise: Exercise, script: Path, criteria: List[judge.Criterion], pids: List[int],
-            seconds: float) -> CheckResult:
-    name, ranks = exercise.name, " and ".join(map(str, exercise.world_sizes))
-    lines = [f"exercise {name!r}: {script}, on {ranks} ranks ({seconds:.1f} s)"]
+            seconds: float, ran: Sequence[int] = ()) -> CheckResult:
+    name, later = exercise.name, [w for w in exercise.world_sizes if ran and w not in ran]
+    ranks = " and ".join(map(str, [w for w in exercise.world_sizes if w not in later]))
+    wait = f"; {' and '.join(map(str, later))} once these pass" if later else ""
+    lines = [f"exercise {name!r}: {script}, on {ranks} ranks{wait} ({seconds:.1f} s)"]
     unknown = 0
     for criterion in criteria:
         if criterion.passed or criterion.detail.startswith(judge.NOT_MEASURED):

@@ -6,6 +6,7 @@ the guard exits as the command did. SIGTERM is for the command: the guard outliv
 library only, so that it starts at once.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -14,11 +15,9 @@ import threading
 
 
 def _kill_group_at_eof(fd: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         while os.read(fd, 1):
             pass
-    except OSError:
-        pass
     os.killpg(0, signal.SIGKILL)
 
 

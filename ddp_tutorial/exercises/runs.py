@@ -6,6 +6,7 @@ something did. Nothing here raises for a learner's mistake (the judge describes 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -212,10 +213,8 @@ def _stop(p: subprocess.Popen, strays: Iterable[int] = (), grace: float = 3.0) -
     procgroup.end(p)
     strays = [pid for pid in strays if procinfo.alive(pid)]
     for pid in strays:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
     procgroup.wait_until(lambda: not any(map(procinfo.alive, strays)), procgroup.KILL_WAIT_S)
 
 
@@ -231,9 +230,12 @@ def _traceback_tail(lines: List[str], keep: int = 8) -> List[str]:
 # -- How a check runs its exercise (``Exercise.run``): the runs, in the order its judge takes them
 def per_world_size(exercise, script: Path, folder: Path, timeout: float,
                    echo: str) -> List[HarnessRun]:
-    """The harness under launch, once per world size; none after a hang (it would hang again)."""
+    """The harness under launch, once per world size, the next only once the runs so far pass:
+    a wrong answer's report comes after its first world size (a hang would only hang again)."""
     done: List[HarnessRun] = []
     for world_size in exercise.world_sizes:
+        if done and (done[-1].timed_out or not all(c.passed for c in exercise.judge(*done))):
+            break
         sub = "run" if len(exercise.world_sizes) == 1 else f"w{world_size}"
         done.append(run_launch(exercise.name, script, folder / sub, timeout, world_size, echo=echo,
                                harness=exercise.harness))

@@ -3,7 +3,6 @@ carrying the partial ``Run`` (``.run``) where ranks had started: a notebook can 
 
 from __future__ import annotations
 
-import re
 import signal
 from typing import List, Optional
 
@@ -23,14 +22,9 @@ class LaunchConfigError(LaunchError, ValueError):
 
 
 class WorkerError(LaunchError):
-    """A rank raised or exited non-zero; every other rank was stopped.
-
-    Attributes:
-        rank: the rank that failed first.
-        exit_code: its exit code (negative: killed by that signal).
-        traceback: the end of its output, from its last traceback on.
-        failed_after: the other ranks that failed on their own, in the order they failed.
-    """
+    """A rank raised or exited non-zero; every other rank was stopped. ``rank``: the one that
+    failed first; ``exit_code``: its exit code (negative: killed by that signal); ``traceback``:
+    its output from its last traceback on; ``failed_after``: the others that failed on their own."""
 
     def __init__(self, message, rank, exit_code, traceback, run=None, failed_after=()):
         super().__init__(message, run)
@@ -39,13 +33,9 @@ class WorkerError(LaunchError):
 
 
 class LaunchTimeout(LaunchError, TimeoutError):
-    """The deadline passed with ranks still running; all were stopped.
-
-    Attributes:
-        still_running: rank -> last micro-step it finished (None if none).
-        stacks: rank -> its script's Python stack when it was stopped (most recent call first).
-        waiting_in: rank -> the torch.distributed call it was inside (``"all_reduce"``), or None.
-    """
+    """The deadline passed with ranks still running; all were stopped. Per rank: ``still_running``
+    (the last micro-step it finished, or None), ``stacks`` (its script's Python stack when stopped,
+    most recent call first), ``waiting_in`` (the torch.distributed call it was in, or None)."""
 
     def __init__(self, message, still_running, run=None, stacks=None, waiting_in=None):
         super().__init__(message, run)
@@ -64,15 +54,10 @@ def describe_exit(code: int) -> str:
         return f"killed by signal {-code}"
 
 
-def port_taken(text: str) -> bool:
-    """Whether a rank failed because its MASTER_PORT was taken (EADDRINUSE)."""
-    return "eaddrinuse" in text.lower() or "address already in use" in text.lower()
-
-
 def last_traceback(lines: List[str], max_lines: int = 40) -> str:
-    """The rank's last Python traceback, or the tail of its output."""
+    """The rank's last Python traceback (its output, torch's ``[rankN]:`` removed: ``start``), or
+    the tail of its output."""
     for i in range(len(lines) - 1, -1, -1):
-        # torch prefixes a rank's uncaught exception with "[rankN]:"
-        if re.match(r"(\[rank\d+\]:\s*)?Traceback \(most recent call last\)", lines[i]):
+        if lines[i].startswith("Traceback (most recent call last)"):
             return "\n".join(lines[i:i + max_lines])
     return "\n".join(lines[-15:]) or "(no output)"

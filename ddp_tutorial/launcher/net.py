@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 import socket
-from typing import Optional
+from typing import List, Optional
 
 import psutil
 
@@ -15,26 +15,19 @@ LOOPBACK = "127.0.0.1"
 PORTS = range(20000, 32768)
 
 
-def candidate_ports(tries: int = 100):
-    """Up to ``tries`` random ports from ``PORTS``."""
-    rng = random.SystemRandom()  # concurrent launches must not share a sequence
-    for _ in range(tries):
-        yield rng.randrange(PORTS.start, PORTS.stop)
+def candidate_ports() -> List[int]:
+    """100 random ports from ``PORTS`` (``SystemRandom``: concurrent launches share no sequence)."""
+    return random.SystemRandom().sample(PORTS, 100)
 
 
 def listen_socket(host: str = LOOPBACK) -> socket.socket:
     """A TCP socket listening on ``host`` at a free port from ``PORTS`` (else one the OS picks).
     Bound before any rank starts: no one takes the port in between, and ranks that connect before
-    rank 0 hosts the store wait in the backlog. SO_REUSEADDR as TCPStore sets it (TIME_WAIT)."""
+    rank 0 hosts the store wait in the backlog. SO_REUSEADDR (create_server) as TCPStore sets it."""
     for port in [*candidate_ports(), 0]:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-            sock.listen(socket.SOMAXCONN)
-            return sock
+            return socket.create_server((host, port), backlog=socket.SOMAXCONN)
         except OSError:
-            sock.close()
             if port == 0:  # the last try: nothing was free
                 raise
 

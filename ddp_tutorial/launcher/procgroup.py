@@ -1,12 +1,10 @@
-"""A rank's process group: start it, signal it, and end it.
-
-Each rank leads a group of its own (cold: ``start_new_session``; warm: ``setsid``), so one signal
-reaches what it started too. If this process dies without running any code (a crashed kernel),
-each rank reads end-of-file on the launcher's watch socket and kills its own group (bootstrap.py).
-"""
+"""A rank's process group: start it, signal it, and end it. Each rank leads a group of its own
+(cold: ``start_new_session``; warm: ``setsid``), so one signal reaches what it started too; if
+this process dies without running code, each rank kills its own group (bootstrap.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -65,25 +63,19 @@ def has_exited(p) -> bool:
         return p.poll() is not None
 
 
-def _killpg(pgid: int, sig: int, group: bool = True) -> None:
-    try:
-        (os.killpg if group else os.kill)(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def killpg(p, sig: int, group: bool = True) -> None:
     """Signal the group of rank ``p`` (or ``p`` alone, not ``group``) while it is not reaped."""
     if p.returncode is None:
-        _killpg(p.pid, sig, group)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            (os.killpg if group else os.kill)(p.pid, sig)
 
 
 def end(p) -> None:
     """Once rank ``p`` has exited: kill what it left in its group (a DataLoader worker), wait up to
-    ``KILL_WAIT_S`` until that is gone, reap it. Not yet reaped, its pid (the group's id) is still
-    ours; reaped already (macOS, warm), the group is signalled only while it has members, which
-    keep its id taken."""
+    ``KILL_WAIT_S`` until that is gone, reap it. The group's id is ours while ``p`` is not reaped;
+    once it is (macOS, warm), only while members keep it taken: only then is it signalled."""
     if (p.returncode is None and not isinstance(p, warm.WarmRank)) or procinfo.group_members(p.pid):
-        _killpg(p.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGKILL)
     wait_until(lambda: not procinfo.group_members(p.pid), KILL_WAIT_S)
     p.wait()  # it has exited: returns at once

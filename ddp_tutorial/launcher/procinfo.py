@@ -9,17 +9,12 @@ from typing import List, Optional
 import psutil
 
 
-def _ask(pid: int, question):
-    """``question(psutil.Process(pid))``, or None if the process is gone or not ours to read."""
-    try:
-        return question(psutil.Process(pid))
-    except (psutil.Error, OSError):
-        return None
-
-
 def alive(pid: int) -> bool:
     """Whether ``pid`` is a running process (a zombie, exited but not yet reaped, is not)."""
-    return _ask(pid, lambda p: p.status()) not in (None, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except (psutil.Error, OSError):  # gone, or not ours to read
+        return False
 
 
 def group(pid: int) -> Optional[int]:

@@ -81,22 +81,6 @@ class LaunchSpec:
                    timeout, grace, echo, max_restarts, master_port, warm)
 
 
-def worker_script(package_file: str, name: str) -> str:
-    """A lesson's worker script: ``worker_script(__file__, "sampler_demo.py")``."""
-    path = Path(package_file).resolve().parent / "workers" / name
-    if not path.is_file():
-        raise FileNotFoundError(f"no worker script {path}")
-    return str(path)
-
-
-def scripts_path(name: str) -> str:
-    """Any of the kit's worker scripts by file name, e.g. ``scripts_path("hello.py")``."""
-    found = sorted(PACKAGE_DIR.glob(f"**/workers/{name}"))
-    if len(found) != 1:
-        raise FileNotFoundError(f"{len(found)} worker scripts named {name!r} in {PACKAGE_DIR}")
-    return str(found[0])
-
-
 def check_args_with(targets: Sequence[Sequence[str]], check: Callable) -> None:
     """Register ``check(args, world_size, backend, run_dir) -> (backend, run_dir, run_dir_name)``
     for a script (each of ``targets``: ``[path]``, ``["-m", module]``), run before anything starts:
@@ -115,7 +99,6 @@ def check_nccl(world_size: int) -> None:
         raise LaunchConfigError(str(exc)) from None
 
 
-# -- One check per kind of input ----------------------------------------------------
 def _refuse(name: str, allowed: str, value) -> LaunchConfigError:
     return LaunchConfigError(f"{name} must be {allowed}, got {value!r}")
 

@@ -4,6 +4,7 @@ from the calling thread on one ``select.poll``."""
 from __future__ import annotations
 
 import codecs
+import contextlib
 import io
 import os
 import re
@@ -37,10 +38,9 @@ def launcher_watch() -> socket.socket:
 
 
 def worker_env() -> Dict[str, str]:
-    """The environment every process the kit starts to run a script begins with: ours without an
-    outer launcher's variables (a check run inside a rank must not look like that rank), the
-    package on PYTHONPATH, unbuffered output, gloo and nccl on loopback, and one thread per rank
-    unless asked otherwise (N ranks x all cores thrash)."""
+    """What every process the kit starts to run a script begins with: ours less an outer launcher's
+    variables (a check inside a rank must not look like it), the package on PYTHONPATH, unbuffered,
+    gloo and nccl on loopback, one thread per rank by default (N ranks x all cores thrash)."""
     outer = set(envvars.TORCHRUN_CONTRACT) | {envvars.STORE, envvars.LAUNCHER_FD}
     env = {k: v for k, v in os.environ.items()
            if k not in outer and not k.startswith("TORCHELASTIC_")}
@@ -96,16 +96,10 @@ def start_attempt(spec: LaunchSpec, number: int, cold_reason: Optional[str]) -> 
 
 
 class WorkerGroup:
-    """The processes of one attempt, one per environment in ``envs``, each running ``cmd``.
-
-    Attributes:
-        output: rank -> the lines it printed, torch's ``[rankN]:`` prefix removed.
-        exit_codes: rank -> its exit code once reaped (negative: killed by that signal), else None.
-        exit_seen: rank -> ``time.monotonic()`` when its exit was first seen.
-        procs: the ranks, ``subprocess.Popen`` or ``warm.WarmRank``.
-        scripts_done: ranks whose script ended well while the process stays (rank 0 keeps the
-            store until the others exit: ``rank/store.py``).
-    """
+    """The processes of one attempt (``procs``: ``Popen`` or ``warm.WarmRank``), one per ``envs``,
+    each running ``cmd``. Per rank: ``output`` (its lines, torch's ``[rankN]:`` removed),
+    ``exit_codes`` (once reaped; negative: killed by that signal), ``exit_seen`` (monotonic time);
+    ``scripts_done``: ranks whose script ended well but which stay (rank 0 keeps the store)."""
 
     def __init__(self, cmd: List[str], envs: List[Dict[str, str]], echo: str,
                  store: Optional[socket.socket], watch: socket.socket, warm_start: bool = False):
@@ -177,20 +171,17 @@ class WorkerGroup:
     def reap(self) -> None:
         """Record the exit of every rank that ended, after killing what it left in its group."""
         for rank, p in enumerate(self.procs):
-            if p.returncode is not None or not procgroup.has_exited(p):
-                continue
-            self.exit_seen.setdefault(rank, time.monotonic())
-            procgroup.end(p)
-            self.exit_codes[rank] = p.returncode
-        if self._peers is not None and all(p.returncode is not None for p in self.procs[1:]):
+            if p.returncode is None and procgroup.has_exited(p):
+                self.exit_seen.setdefault(rank, time.monotonic())
+                procgroup.end(p)
+                self.exit_codes[rank] = p.returncode
+        if all(p.returncode is not None for p in self.procs[1:]):
             self._close_peers()
 
     def _close_peers(self) -> None:
         if self._peers is not None:
-            try:
+            with contextlib.suppress(KeyError):  # unregistered already when rank 0 wrote
                 self._poll.unregister(self._peers.fileno())
-            except KeyError:  # already, when rank 0 wrote
-                pass
             self._peers.close()  # rank 0 reads end-of-file: it may give up the store and exit
             self._peers = None
 
@@ -209,10 +200,9 @@ class WorkerGroup:
             self.pump(min(tick, left))
 
     def ask_for_stacks(self, answered: Callable[[int], Optional[bool]], timeout_s: float) -> None:
-        """Signal every live rank that can answer (``answered(rank)`` is not None) for its stacks
-        and wait until each ``answered``, exited, or ``timeout_s`` passed. All are asked while all
-        still run: a rank stopped first would close its connections, and its peers' stacks would
-        show them failing instead of where they waited."""
+        """Ask every live rank that can answer (``answered(rank)`` is not None) for its stacks, and
+        wait until each ``answered``, exited, or ``timeout_s`` passed. All are asked while all run:
+        a rank stopped first would close its connections, and its peers' stacks show no wait."""
         self.reap()
         asked = [r for r, p in enumerate(self.procs)
                  if p.returncode is None and answered(r) is not None]

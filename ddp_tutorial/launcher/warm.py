@@ -1,7 +1,6 @@
 """Warm ranks (optional): forked by multiprocessing's forkserver, which imported torch once
 (``set_forkserver_preload``); each then makes itself what a cold rank is (``bootstrap.run_warm``).
-One switch decides (``use_warm``); how they differ, and why macOS starts cold:
-docs/warm-launches.md."""
+One switch decides (``use_warm``); docs/warm-launches.md: how they differ, why macOS starts cold."""
 
 from __future__ import annotations
 
@@ -19,12 +18,9 @@ from typing import Dict, List, Optional
 from ddp_tutorial import envvars
 from ddp_tutorial.launcher.spec import BOOTSTRAP
 
-#: What the forkserver imports before it forks. Not ``torch._dynamo``: imported before
-#: ``init_process_group`` (which then clears dynamo's caches, distributed_c10d.py), a DDP model
-#: freed after ``destroy_process_group`` can deadlock where a cold rank does not
-#: (docs/warm-launches.md).
-#: Nor what it imports (sympy, symbolic shapes, DTensor, FSDP): preloaded, they made that
-#: deadlock come back too.
+#: What the forkserver imports before it forks. Not ``torch._dynamo`` nor what it imports (sympy,
+#: DTensor...): imported before ``init_process_group``, they make a DDP model freed after
+#: ``destroy_process_group`` deadlock where a cold rank does not (docs/warm-launches.md).
 PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "ddp_tutorial.envvars"]
 #: Variables torch may read when imported (TORCH_DISTRIBUTED_DEBUG...): a launch setting one starts
 #: cold, since the forkserver imported torch without it.
@@ -65,10 +61,7 @@ def _without_main():
     with_main = spawn.get_preparation_data
 
     def without_main(name):
-        data = with_main(name)
-        data.pop("init_main_from_path", None)
-        data.pop("init_main_from_name", None)
-        return data
+        return {k: v for k, v in with_main(name).items() if not k.startswith("init_main_from_")}
 
     spawn.get_preparation_data = without_main
     try:
@@ -102,16 +95,13 @@ class WarmRank:
         sentinel = self._process.sentinel
         return self.returncode is not None or bool(multiprocessing.connection.wait([sentinel], 0))
 
-    def poll(self) -> Optional[int]:
+    def wait(self) -> int:
+        """Reap it, once it has exited (``procgroup.end``)."""
         if self.returncode is None:
-            self.returncode = self._process._popen.poll()
-            if self.returncode is not None:
-                self._process.close()
+            self._process.join()
+            self.returncode = self._process.exitcode
+            self._process.close()
         return self.returncode
-
-    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
-        self._process.join(timeout)
-        return self.poll()
 
 
 def prestart_warm() -> None:

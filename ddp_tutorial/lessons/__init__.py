@@ -126,15 +126,12 @@ def worker_alive(pid: int) -> bool:
 
 
 def port_can_be_bound(port: int, host: str = "127.0.0.1") -> bool:
-    """Can a new server listen on ``port`` now? SO_REUSEADDR as TCPStore sets it: connections in
-    TIME_WAIT do not block a new listener, a process still listening does."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-            s.listen()
-        except OSError:
-            return False
+    """Can a new server listen on ``port`` now? With SO_REUSEADDR (``create_server`` sets it on
+    POSIX, as TCPStore does): connections in TIME_WAIT do not block it, a listening process does."""
+    try:
+        socket.create_server((host, port)).close()
+    except OSError:
+        return False
     return True
 
 
@@ -147,7 +144,5 @@ def leftovers(run: Run) -> Dict[str, object]:
 @contextlib.contextmanager
 def hold_port(host: str = "127.0.0.1") -> Iterator[int]:
     """Listen on a free port during the ``with`` block, as a job that still runs would."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        s.listen()
+    with socket.create_server((host, 0)) as s:
         yield s.getsockname()[1]

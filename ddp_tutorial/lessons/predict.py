@@ -87,7 +87,6 @@ QUESTIONS: Dict[str, Question] = {
     "03-padding": Question(
         "03", "my_duplicates", "10 samples, 4 ranks, drop_last=False: how many indices does the "
                                "sampler hand out twice, so that every rank gets as many?",
-        answer=lambda duplicated: duplicated,
         explain="Every rank gets ceil(10 / 4) = 3 indices: 12 in all for 10 samples, 2 of them "
                 "twice."),
     "04-allreduces": Question(
@@ -126,11 +125,11 @@ def _monitored_choice(measured: Tuple[str, int]) -> str:
 
 QUESTIONS["08-uneven"] = Question(
     "08", "my_choice",
-    "2 ranks train with DDP and no Join: rank 0 has 4 batches, rank 1 has 6. The script set a 5 s "
+    "2 ranks train with DDP and no Join: rank 0 has 4 batches, rank 1 has 6. The script set a 3 s "
     "process-group timeout. What happens after rank 0's 4th batch?",
     choices={"a": "rank 1 trains its last 2 batches alone, and both finish",
              "b": "rank 1 gets an error at once in its 5th batch: its partner is gone",
-             "c": "nothing moves until the 5 s timeout ends the job with an error"},
+             "c": "nothing moves until the 3 s timeout ends the job with an error"},
     answer=_uneven_choice,
     explain="Every backward of DDP is an all-reduce that all ranks must join. Rank 0 is alive, "
             "waiting at the final barrier, so rank 1's all-reduce has no partner and no error "

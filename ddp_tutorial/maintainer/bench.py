@@ -1,11 +1,8 @@
 """The performance lab from the command line: what DDP costs here, and how fast the kit itself is.
-
-    python -m ddp_tutorial.bench [--quick] [--out FOLDER]   # --help: the modes that run one thing
-
 One table: notebook 07's lab (``lessons/performance/``), then the kit's own speed in the same run
 (launch speed; in full mode the notebook suite, cold then warm; with --suite the README's pytest).
-The maintainer's, as it measures the kit; ``ddp_tutorial/bench.py`` is the command. No torch here.
-"""
+``ddp_tutorial/bench.py`` is the command (``--help``: the modes that run one thing). No torch
+here."""
 
 from __future__ import annotations
 
@@ -17,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
+from ddp_tutorial import envvars
 from ddp_tutorial.lessons.performance.costmodel import GB, ring_time, sweep_table
 from ddp_tutorial.lessons.performance.measure import (
     accumulation_ratios, allreduce_sweep, ddp_lab, gpu_part, ms, plain_crosscheck, projection, size)
@@ -46,8 +44,8 @@ def run_bench(quick: bool = False, out: Optional[str] = None,
     timed("launch", launch_speed.launch_speed, 1 if quick else 3, world_size=2 if quick else 4)
     timed("gpu", gpu_part, quick)
     if notebooks if notebooks is not None else not quick:
-        timed("notebooks_cold", suite.notebook_suite, warm=False)
-        timed("notebooks", suite.notebook_suite)
+        for name, env in (("notebooks_cold", {envvars.WARM: "0"}), ("notebooks", None)):
+            timed(name, suite.notebook_rounds, timeout=600.0, echo=False, env=env)
     results["bench_seconds"] = time.perf_counter() - t0
     if out:
         save(results, out)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -14,66 +15,61 @@ from typing import Dict, List, Optional
 
 import psutil
 
-from ddp_tutorial.launcher import launch, worker_script
+from ddp_tutorial.launcher import launch
+from ddp_tutorial.lessons.worker_scripts import worker_script
 
 
 def server_memory(pid: Optional[int]) -> Dict[str, float]:
     """The forkserver's resident memory (MB), its share of it (PSS, MB) and its thread count."""
-    nan = float("nan")
     try:
         proc = psutil.Process(pid or -1)  # no server: ValueError
-        pss = getattr(proc.memory_full_info(), "pss", None)  # None where the OS does not say (macOS)
-        return {"rss_mb": proc.memory_info().rss / 2**20, "pss_mb": nan if pss is None else pss / 2**20,
+        info = proc.memory_full_info()  # PSS: not where the OS does not say (macOS)
+        return {"rss_mb": info.rss / 2**20, "pss_mb": getattr(info, "pss", math.nan) / 2**20,
                 "threads": proc.num_threads()}
     except (psutil.Error, OSError, ValueError):  # none, gone, or not ours to read
-        return {"rss_mb": nan, "pss_mb": nan, "threads": 0}
+        return {"rss_mb": math.nan, "pss_mb": math.nan, "threads": 0}
 
 
-def warm_launch_speed(world_size: int = 4, repeats: int = 5, timeout: float = 120.0) -> Dict:
-    """Warm ``launch`` of hello.py: the first (it may start the forkserver), the median of
-    ``repeats`` after it, and the idle server's memory and threads."""
-    hello = worker_script(__file__, "hello.py")
-    times, modes = [], set()
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        run = launch(hello, world_size, timeout=timeout, echo="none", warm=True)
-        times.append(time.perf_counter() - t0)
-        modes.add(run.start_mode)
-    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    return {"warm_first_s": times[0], "warm_s": median(times[1:]), "warm_times": times[1:],
-            "warm_modes": sorted(modes), "server": server_memory(pid)}
+def _timed(call, *args, **kwargs) -> tuple:
+    """The wall time of ``call(*args, **kwargs)``, and what it returned."""
+    t0 = time.perf_counter()
+    result = call(*args, **kwargs)
+    return time.perf_counter() - t0, result
 
 
 def launch_speed(repeats: int = 3, world_size: int = 4, timeout: float = 120.0) -> Dict:
-    """Cold ``launch`` vs ``torchrun --standalone`` on hello.py, in turns, medians of ``repeats``,
-    then ``warm_launch_speed``: ``ratio`` cold / torchrun (target <= 0.5), ``warm_ratio`` (<= 0.2),
-    ``floor_s`` (world_size imports of torch on the cores)."""
+    """Cold ``launch`` vs ``torchrun --standalone`` on hello.py, in turns, medians of ``repeats``;
+    then warm: the first (it may start the forkserver), the median of 5 after it, the idle server.
+    ``ratio`` cold / torchrun (target <= 0.5), ``warm_ratio`` (<= 0.2), ``floor_s`` (world_size
+    imports of torch on the cores)."""
     hello = worker_script(__file__, "hello.py")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(world_size), hello]
     launch_times, torchrun_times, init_s = [], [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        run = launch(hello, world_size, timeout=timeout, echo="none", warm=False)
-        launch_times.append(time.perf_counter() - t0)
+        seconds, run = _timed(launch, hello, world_size, timeout=timeout, echo="none", warm=False)
+        launch_times.append(seconds)
         init_s += [run.result(r, "init_s") for r in range(world_size)]
         # torchrun's own log files go to a folder removed after the run
         with tempfile.TemporaryDirectory(prefix="ddp-torchrun-logs-") as logs:
-            t0 = time.perf_counter()
-            subprocess.run(torchrun, check=True, capture_output=True, timeout=timeout,
-                           env={**os.environ, "OMP_NUM_THREADS": "1", "PET_LOG_DIR": logs})
-            torchrun_times.append(time.perf_counter() - t0)
-    warm = warm_launch_speed(world_size, timeout=timeout)
-    t0 = time.perf_counter()  # what every rank pays before anything else
-    subprocess.run([sys.executable, "-c", "import torch"], check=True)
-    import_s = time.perf_counter() - t0
+            torchrun_times.append(_timed(
+                subprocess.run, torchrun, check=True, capture_output=True, timeout=timeout,
+                env={**os.environ, "OMP_NUM_THREADS": "1", "PET_LOG_DIR": logs})[0])
+    warm_times, warm_runs = zip(*(_timed(launch, hello, world_size, timeout=timeout, echo="none",
+                                         warm=True) for _ in range(6)))
+    server = server_memory(getattr(forkserver._forkserver, "_forkserver_pid", None))
+    # what every rank pays before anything else
+    import_s = _timed(subprocess.run, [sys.executable, "-c", "import torch"], check=True)[0]
     cores = os.cpu_count() or 1
     launch_s, torchrun_s = median(launch_times), median(torchrun_times)
+    warm_s = median(warm_times[1:])
     return {"launch_s": launch_s, "torchrun_s": torchrun_s, "ratio": launch_s / torchrun_s,
             "init_s": median(init_s), "import_torch_s": import_s,
             "floor_s": world_size * import_s / min(cores, world_size), "cores": cores,
-            "world_size": world_size, "repeats": repeats,
-            **warm, "warm_ratio": warm["warm_s"] / torchrun_s}
+            "world_size": world_size, "repeats": repeats, "warm_first_s": warm_times[0],
+            "warm_s": warm_s, "warm_times": list(warm_times[1:]), "server": server,
+            "warm_modes": sorted({run.start_mode for run in warm_runs}),
+            "warm_ratio": warm_s / torchrun_s}
 
 
 def describe(ln: Dict) -> List[str]:

@@ -79,40 +79,48 @@ def download_torch(version: str, root: Path, no_pip_config: bool = False, echo=p
     return folder
 
 
-def torch_venv(version: str, root: Path, no_pip_config: bool = False, echo=print) -> Path:
-    """``root/.venv-torch-VERSION`` with ``torch==version`` and the rest of requirements.txt, made
-    once: from ``download_torch``'s wheels (removed then) if complete, else from the registry."""
-    venv = root / f".venv-torch-{version}"
+def _made_once(venv: Path, ready, base, what: str, install, echo) -> Path:
+    """``venv`` as it is if ``ready(the torch it imports)``; else made anew with the Python
+    ``base()``, then ``install(its python)`` (pip's exit status) fills it."""
     python = venv_python(venv)
-    found = torch_in(python)
-    if same_release(found, version):
+    if ready(found := torch_in(python)):
         echo(f"using {venv} (torch {found})")
         return venv
-    wheels = wheels_folder(version, root)
-    offline = (wheels / COMPLETE).exists()
-    echo(f"building {venv}: torch=={version} and the rest of requirements.txt"
-         + (f", from {wheels}" if offline else "") + " ...")
+    echo(f"building {venv}: {what} ...")
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    lines = requirements_with_torch((root / "requirements.txt").read_text(), version)
-    if offline:
-        done = pip(python, root, no_pip_config, "install", "--quiet", "--no-index", "--find-links",
-                   str(wheels), lines=[line for line in lines if not line.startswith("-e")])
-        if done == 0:  # the kit itself last: its build backend comes from the registry as usual
-            done = pip(python, root, no_pip_config, "install", "--quiet", "--no-deps", "-e",
-                       str(root))
-        shutil.rmtree(wheels, ignore_errors=True)
-        if done != 0:
-            echo(f"installing from {wheels} failed (pip exit {done}): installing from the registry")
-    if not offline or done != 0:
-        done = pip(python, root, no_pip_config, "install", "--quiet", lines=lines)
-    found = torch_in(python)
-    if done != 0 or not same_release(found, version):
-        raise SystemExit(f"error: installing torch=={version} in {venv} failed (pip exit {done}, "
-                         f"torch found: {found}); a version above this machine's pip cap needs "
+    subprocess.run([str(base()), "-m", "venv", "--clear", str(venv)], check=True)
+    done = install(python)
+    if done != 0 or not ready(found := torch_in(python)):
+        raise SystemExit(f"error: installing {what} in {venv} failed (pip exit {done}, torch "
+                         f"found: {found}); a torch above this machine's pip cap needs "
                          "--no-pip-config")
     echo(f"built {venv} with torch {found} in {time.perf_counter() - t0:.0f} s")
     return venv
+
+
+def torch_venv(version: str, root: Path, no_pip_config: bool = False, echo=print) -> Path:
+    """``root/.venv-torch-VERSION`` with ``torch==version`` and the rest of requirements.txt, made
+    once: from ``download_torch``'s wheels (removed then) if complete, else from the registry."""
+    wheels = wheels_folder(version, root)
+    lines = requirements_with_torch((root / "requirements.txt").read_text(), version)
+
+    def install(python: Path) -> int:
+        if (wheels / COMPLETE).exists():
+            done = pip(python, root, no_pip_config, "install", "--quiet", "--no-index",
+                       "--find-links", str(wheels),
+                       lines=[line for line in lines if not line.startswith("-e")])
+            if done == 0:  # the kit itself last: its build backend comes from the registry as usual
+                done = pip(python, root, no_pip_config, "install", "--quiet", "--no-deps", "-e",
+                           str(root))
+            shutil.rmtree(wheels, ignore_errors=True)
+            if done == 0:
+                return 0
+            echo(f"installing from {wheels} failed (pip exit {done}): installing from the registry")
+        return pip(python, root, no_pip_config, "install", "--quiet", lines=lines)
+
+    return _made_once(root / f".venv-torch-{version}", lambda found: same_release(found, version),
+                      lambda: sys.executable, f"torch=={version} and the rest of requirements.txt",
+                      install, echo)
 
 
 def base_python(version: str) -> Path:
@@ -132,20 +140,10 @@ def base_python(version: str) -> Path:
 
 def python_venv(version: str, root: Path, no_pip_config: bool = False, echo=print) -> Path:
     """``root/.venv-python-VERSION``: requirements.txt with Python ``version``, made once."""
-    venv = root / f".venv-python-{version}"
-    python = venv_python(venv)
-    if torch_in(python):
-        echo(f"using {venv}")
-        return venv
-    base = base_python(version)
-    echo(f"building {venv}: requirements.txt with {base} ...")
-    t0 = time.perf_counter()
-    subprocess.run([str(base), "-m", "venv", "--clear", str(venv)], check=True)
-    pip(python, root, no_pip_config, "install", "--quiet", "--upgrade", "pip")
-    done = pip(python, root, no_pip_config, "install", "--quiet",
-               lines=(root / "requirements.txt").read_text().splitlines())
-    if done != 0 or not torch_in(python):
-        raise SystemExit(f"error: installing requirements.txt with Python {version} in {venv} "
-                         f"failed (pip exit {done})")
-    echo(f"built {venv} in {time.perf_counter() - t0:.0f} s")
-    return venv
+    def install(python: Path) -> int:
+        pip(python, root, no_pip_config, "install", "--quiet", "--upgrade", "pip")
+        return pip(python, root, no_pip_config, "install", "--quiet",
+                   lines=(root / "requirements.txt").read_text().splitlines())
+
+    return _made_once(root / f".venv-python-{version}", bool, lambda: base_python(version),
+                      f"requirements.txt with Python {version}", install, echo)

@@ -28,23 +28,22 @@ def machine() -> str:
 
 def commit(cwd: Path = Path(__file__).resolve().parents[2]) -> str:
     """The kit's commit (``+changes`` when its tracked files differ), or ``unknown``."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
-                              timeout=30).stdout.strip()
-
     try:
-        head = git("rev-parse", "--short", "HEAD")
-        if not head:
-            return "unknown"
-        return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+        head, changes = (subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+                                        timeout=30).stdout.strip()
+                         for args in (["rev-parse", "--short", "HEAD"],
+                                      ["status", "--porcelain", "--untracked-files=no"]))
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+    return head + "+changes" * bool(changes) if head else "unknown"
 
 
 def record(path, argv: Sequence[str], text: str) -> Path:
     """Replace (or add, at the end) the section of ``path`` for the command ``argv`` (without
     ``--record FILE``) with ``text``; returns the file's path."""
-    command = " ".join(["python -m", *_without_record(argv)])
+    only_record = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    only_record.add_argument("--record")
+    command = " ".join(["python -m", *only_record.parse_known_args(argv)[1]])
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     new = "\n".join([
         BEGIN.format(command), f"### `{command}`", "",
@@ -54,21 +53,13 @@ def record(path, argv: Sequence[str], text: str) -> Path:
     old = path.read_text() if path.exists() else ""
     section = re.compile(re.escape(BEGIN.format(command)) + ".*?" + re.escape(END.format(command)),
                          re.S)
-    if section.search(old):
-        out = section.sub(lambda _: new, old, count=1)
-    else:
+    out, replaced = section.subn(lambda _: new, old, count=1)
+    if not replaced:
         out = old.rstrip("\n") + ("\n\n" if old else "") + new + "\n"
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(out)
     os.replace(tmp, path)
     return path
-
-
-def _without_record(argv: Sequence[str]) -> list:
-    """``argv`` without ``--record FILE`` (or ``--record=FILE``)."""
-    only_record = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    only_record.add_argument("--record")
-    return only_record.parse_known_args(argv)[1]
 
 
 @contextlib.contextmanager
@@ -77,17 +68,17 @@ def recording(path: Optional[str], argv: Sequence[str]):
     if not path:
         yield
         return
-    printed, out = io.StringIO(), sys.stdout
+    out = sys.stdout
 
-    class Tee(io.TextIOBase):
+    class Tee(io.StringIO):  # keeps what is printed, and prints it
         def write(self, text: str) -> int:
-            printed.write(text)
-            return out.write(text)
+            out.write(text)
+            return super().write(text)
 
         def flush(self) -> None:
             out.flush()
 
-    with contextlib.redirect_stdout(Tee()):
+    with contextlib.redirect_stdout(Tee()) as printed:
         yield
     print(f"recorded in {record(path, argv, printed.getvalue())}", flush=True)
 

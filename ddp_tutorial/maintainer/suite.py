@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import statistics
@@ -19,7 +20,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence
 
-from ddp_tutorial import envvars
 from ddp_tutorial.lessons.table import text_table
 from ddp_tutorial.maintainer.pythons import pip, torch_in, torch_venv, venv_python
 
@@ -69,8 +69,9 @@ def junit_cases(path: Path) -> Dict[str, Dict]:
     for case in ET.parse(path).getroot().iter("testcase"):
         classname, name = case.get("classname", ""), case.get("name", "")
         # pytest writes tests/test_x.py::test_y as classname "tests.test_x", name "test_y";
-        # nbmake's notebooks as classname "" and name "notebooks/00_overview.ipynb"
-        test = f"{classname.replace('.', '/')}.py::{name}" if classname else name
+        # nbmake notebooks/00_overview.ipynb as "notebooks.00_overview.ipynb", "00_overview.ipynb"
+        test = (classname[:-len(name)].replace(".", "/") + name if name.endswith(".ipynb")
+                else f"{classname.replace('.', '/')}.py::{name}")
         marks = [child for child in case if child.tag in outcomes]  # a failure wins over a skip
         mark = next((m for m in marks if m.tag != "skipped"), (marks or [ET.Element("passed")])[-1])
         report = "\n".join(filter(None, [mark.get("message", ""), mark.text or ""]))
@@ -123,11 +124,9 @@ def run_tests(python: Path, cwd: Path, tests: Sequence[str] = (), timeout: float
 
 def clone(root: Path, into: Path) -> str:
     """A fresh clone of ``root``'s current commit in ``into``; the commit's hash."""
-    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                            check=True).stdout.strip()
-    subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(root), str(into)], check=True)
-    subprocess.run(["git", "-C", str(into), "checkout", "--quiet", "--detach", commit], check=True)
-    return commit
+    subprocess.run(["git", "clone", "--quiet", str(root), str(into)], check=True)
+    return subprocess.run(["git", "-C", str(into), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
 
 
 def pinned_torch(requirements: str) -> Optional[str]:
@@ -186,40 +185,34 @@ def suite_runs(runs: int, busy_runs: int = 0, tests: Sequence[str] = (), torch: 
 def notebook_rounds(rounds: int = 1, busy_rounds: int = 0, folder: str = "notebooks",
                     timeout: float = 900.0, echo: bool = True,
                     env: Optional[Dict[str, str]] = None) -> Dict:
-    """Every notebook in ``folder``, ``rounds`` times: ``suite_runs`` in place, ``--nbmake``."""
-    return suite_runs(rounds, busy_rounds, ["--nbmake", folder], timeout=timeout, echo=echo,
-                      in_place=True, env=env)
-
-
-def notebook_suite(folder: str = "notebooks", timeout: float = 600.0, warm: bool = True) -> Dict:
-    """One round of the notebooks, timed, for the bench; ``warm=False``: every launch cold."""
-    cold = None if warm else {envvars.WARM: "0"}
-    result = notebook_rounds(1, 0, folder, timeout, echo=False, env=cold)
-    run = result["runs"][0]
-    times = notebook_times(result["runs"])
-    failed = [name for name, (passes, _, _) in times.items() if not passes]
-    return {"seconds": run["seconds"], "ratio": run["seconds"] / 180.0, "notebooks": list(times),
-            "per_notebook": {name: median for name, (_, _, median) in times.items()},
-            "passed": bool(times) and not failed and run["returncode"] == 0, "failed": failed,
-            "summary": f"{len(times) - len(failed)} of {len(times)} notebooks passed"}
+    """Every notebook in ``folder``, ``rounds`` times, one at a time (each notebook's time is its
+    own, as a learner runs it): ``suite_runs`` in place, ``-n 0 --nbmake``."""
+    return suite_runs(rounds, busy_rounds, ["-n", "0", "--nbmake", folder], timeout=timeout,
+                      echo=echo, in_place=True, env=env)
 
 
 def describe_notebook_suite(warm: Optional[Dict], cold: Optional[Dict]) -> List[str]:
-    """The bench's lines on ``notebook_suite``'s rounds: each, then each notebook cold and warm."""
+    """The bench's lines on its rounds of the notebooks (``notebook_rounds``, one each, with warm
+    starts and all launches cold): each round, then each notebook's time cold and warm."""
     if warm is None:
         return ["notebook suite: not timed (quick mode; run the full bench)"]
-    lines = []
-    for label, r in (("all launches cold", cold), ("warm", warm)):
-        if r is not None:
-            failed = f"; failed: {', '.join(r['failed'])}" if r["failed"] else ""
-            lines.append(f"notebook suite, {label}: {r['seconds']:.0f} s for {len(r['notebooks'])} "
-                         f"notebooks, ratio {r['ratio']:.2f} of 180 s "
-                         f"({'passed' if r['passed'] else 'FAILED'}: {r['summary']}{failed})")
+    lines, medians = [], {}
+    for label, result in (("all launches cold", cold), ("warm", warm)):
+        if result is not None:
+            run, times = result["runs"][0], notebook_times(result["runs"])
+            medians[label] = {name: median for name, (_, _, median) in times.items()}
+            failed = [name for name, (passes, _, _) in times.items() if not passes]
+            n, passed = len(times), times and not failed and run["returncode"] == 0
+            lines.append(f"notebook suite, {label}: {run['seconds']:.0f} s for {n} notebooks one at "
+                         f"a time, ratio {run['seconds'] / 180:.2f} of 180 s "
+                         f"({'passed' if passed else 'FAILED'}: {n - len(failed)} of {n} passed"
+                         + (f"; failed: {', '.join(failed)})" if failed else ")"))
     if cold:
-        warm_s = {n: warm["per_notebook"].get(n, float("nan")) for n in cold["per_notebook"]}
+        warm_s = medians["warm"]
         lines.append(text_table(["notebook", "cold s", "warm s", "warm/cold"], [
-            (name, f"{c:.1f}", f"{warm_s[name]:.1f}", f"{warm_s[name] / c:.2f}")
-            for name, c in cold["per_notebook"].items()]))
+            (name, f"{c:.1f}", f"{warm_s.get(name, math.nan):.1f}",
+             f"{warm_s.get(name, math.nan) / c:.2f}")
+            for name, c in medians["all launches cold"].items()]))
     return lines
 
 

@@ -3,6 +3,7 @@ Ties the rank's life to the launcher, then runs the script as ``__main__`` on pl
 of torch is changed. Rank 0 also hosts the store (``rank/store.py``)."""
 
 import atexit
+import contextlib
 import faulthandler
 import io
 import os
@@ -26,11 +27,9 @@ def die_with_launcher() -> None:
         os.set_inheritable(int(fd), False)  # a program the script runs does not keep the watch
 
     def watch() -> None:
-        try:
+        with contextlib.suppress(OSError):
             while fd is not None and os.read(int(fd), 1):
                 pass
-        except OSError:
-            pass
         while fd is None and os.getppid() == parent:
             time.sleep(0.5)  # no event announces a new parent on every OS
         if os.getpgid(0) == os.getpid():  # it leads its group (launch and torchrun start it so)
@@ -41,12 +40,9 @@ def die_with_launcher() -> None:
 
 
 class RankNotes:
-    """This rank's notes for ``launch`` (format and reader: ``runfolder``). The failure note is
-    written the moment the script's exception arrives, on the machine's one monotonic clock, so
-    ``launch`` names the rank that failed *first*. The stacks note: every thread's Python stack,
-    which ``faulthandler`` (in C, so even inside a collective) writes when ``launch`` asks
-    (``envvars.stacks_signal()``) or at SIGTERM. The signal is ignored before and after: asking
-    never kills a rank."""
+    """This rank's notes for ``launch`` (formats: ``runfolder``): when it failed, on the machine's
+    one monotonic clock (so ``launch`` names the rank that failed *first*), and every thread's
+    stack, written by ``faulthandler`` (in C: even inside a collective) when asked or at SIGTERM."""
 
     #: Errors that say a peer went away first: this rank's failure is a consequence of another's.
     PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
@@ -57,7 +53,7 @@ class RankNotes:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._stacks = open(f"{path}.starting", "w")  # faulthandler needs it before the signal
         asked = envvars.stacks_signal()
-        signal.signal(asked, signal.SIG_IGN)  # what unregister puts back
+        signal.signal(asked, signal.SIG_IGN)  # what unregister puts back: asking never kills a rank
         faulthandler.register(asked, file=self._stacks, all_threads=True, chain=False)
         faulthandler.register(signal.SIGTERM, file=self._stacks, all_threads=True, chain=True)
         # A process the script forks (a DataLoader worker) does not answer: only the rank writes.
@@ -65,27 +61,23 @@ class RankNotes:
         os.replace(self._stacks.name, path)  # launch asks only a rank whose file has this name
         self._stacks_path = path
 
-    def failed(self, failed_at: float, code: int, error: "BaseException | None" = None) -> None:
-        """Note a failure at ``failed_at`` (``peer_gone``: ``error`` says a peer's connection
-        closed); from now on SIGTERM does not cut the traceback's report short."""
+    def failed(self, failed_at: float, code: int, error: BaseException) -> None:
+        """Note a failure (``peer_gone``: ``error`` says a peer's connection closed); from now on
+        SIGTERM does not cut the traceback's report short."""
         faulthandler.unregister(signal.SIGTERM)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         peer_gone = isinstance(error, Exception) and any(s in str(error) for s in self.PEER_GONE)
-        try:
+        with contextlib.suppress(OSError):
             runfolder.note_failure(self.run_dir, self.attempt, self.rank, {"failed_at": failed_at,
                                    "exit_code": code, "pid": os.getpid(), "peer_gone": peer_gone})
-        except OSError:
-            pass
 
     def close(self) -> None:
         """At exit: stop answering, and drop the stacks file if nothing was written."""
         _stop_answering(signal.SIG_IGN)
         self._stacks.close()
-        try:
+        with contextlib.suppress(OSError):
             if self._stacks_path.stat().st_size == 0:
                 self._stacks_path.unlink()
-        except OSError:
-            pass
 
 
 def _stop_answering(stacks_signal_handler) -> None:
@@ -106,7 +98,7 @@ def run_rank() -> None:
         notes = None
     code = 0
     try:
-        run_script()
+        run_script(sys.argv[1:])
     except BaseException as exc:
         failed_at = time.monotonic()
         code = exit_code(exc)
@@ -128,10 +120,8 @@ def exit_skipping_interpreter_cleanup(code: int) -> None:
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-            except (OSError, ValueError):
-                pass
         if code == 0:
             keep_store_until_peers_exit()
         os._exit(code)
@@ -166,10 +156,8 @@ def exit_code(exc: BaseException) -> int:
     return 1
 
 
-def run_script(argv=None) -> None:
-    """Run ``argv`` (default ``sys.argv[1:]``) as ``__main__``, ``sys.argv`` and ``sys.path[0]``
-    set as ``python`` sets them."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+def run_script(argv) -> None:
+    """Run ``argv`` as ``__main__``; ``sys.argv`` and ``sys.path[0]`` as ``python`` sets them."""
     if argv[0] == "-m":
         sys.path[0] = os.getcwd()
         sys.argv = [argv[1]] + argv[2:]

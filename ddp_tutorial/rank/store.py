@@ -2,8 +2,10 @@
 imported torch; every rank's env:// joins it (TORCHELASTIC_USE_AGENT_STORE=True), as torchrun's
 ranks join their agent's: no store listens on other interfaces."""
 
+import contextlib
 import importlib.util
 import os
+import signal
 import sys
 
 from ddp_tutorial import envvars
@@ -21,17 +23,12 @@ def store_socket(spec: str):
     if spec.startswith("fd:"):
         sock = socket.socket(fileno=int(spec[3:]))
     else:
-        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        # As TCPStore does: connections of an earlier run lingering in TIME_WAIT do not block.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-            sock.listen(socket.SOMAXCONN)
+        address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+        try:  # SO_REUSEADDR, as TCPStore sets it: an earlier run's TIME_WAIT does not block
+            sock = socket.create_server(address, backlog=socket.SOMAXCONN)
         except OSError as exc:
-            sock.close()
-            raise OSError(exc.errno, f"rank 0 cannot host the rendezvous store on {host}:{port}: "
-                                     f"{exc.strerror}") from None
+            msg = f"rank 0 cannot host the rendezvous store: {exc.strerror}"
+            raise OSError(exc.errno, msg) from None
     port = sock.getsockname()[1]
     fd = sock.detach()
     os.set_inheritable(fd, False)  # the store's, not for processes the script starts
@@ -45,9 +42,8 @@ def host_store(fd: int, port: int) -> None:
 
     from torch.distributed import TCPStore
 
-    timeout = datetime.timedelta(minutes=30)
-    _STORE.append(TCPStore(os.environ["MASTER_ADDR"], port, None, True, timeout,
-                           wait_for_workers=False, master_listen_fd=fd))
+    _STORE.append(TCPStore(os.environ["MASTER_ADDR"], port, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(minutes=30), master_listen_fd=fd))
 
 
 class _AfterTorchImport:
@@ -93,11 +89,7 @@ def keep_store_until_peers_exit() -> None:
     ``launch`` closes the other end once the other ranks exited. Stopped meanwhile, it exits 0."""
     if not (_STORE and _PEERS):
         return
-    import signal
-
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    try:
+    with contextlib.suppress(OSError):
         os.write(_PEERS[0], b"0")
         os.read(_PEERS[0], 1)  # end-of-file: the others are gone
-    except OSError:
-        pass

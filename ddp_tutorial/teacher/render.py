@@ -40,13 +40,10 @@ def unexpected_errors(nb) -> List[str]:
 
 def title(nb) -> str:
     """The notebook's first heading, as plain text (the page's <title>)."""
-    for cell in nb.cells:
-        if cell.cell_type == "markdown":
-            for line in cell.source.splitlines():
-                if line.startswith("#"):
-                    text = re.sub(r"[`*_]", "", line.lstrip("#").strip())
-                    return re.sub(r"\[([^]]*)\]\([^)]*\)", r"\1", text)
-    return "Notebook"
+    heading = next((line for cell in nb.cells if cell.cell_type == "markdown"
+                    for line in cell.source.splitlines() if line.startswith("#")), "Notebook")
+    text = re.sub(r"[`*_]", "", heading.lstrip("#").strip())
+    return re.sub(r"\[([^]]*)\]\([^)]*\)", r"\1", text)
 
 
 def math_to_mathml(markdown: str) -> str:

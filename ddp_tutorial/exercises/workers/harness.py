@@ -4,11 +4,9 @@
 
 ``exercises.check`` starts it on every rank (under ``launch``, ``torchrun`` or as one plain
 process). It puts the observers (``observers.py``) on torch, runs SCRIPT as ``__main__`` and
-``report()``s: ``start``, the calls as they happen, ``final`` after the script (every count, the
-error if any, the capstone's checkpoints), then on rank 0 ``references``, one process's results
-(after ``final``: a peer's failure, which stops this rank, then costs only those). What the
-script raised then goes on to the bootstrap, which exits as for any script. It never reads the
-learner's source.
+``report()``s: ``start``, the calls as they happen, ``final`` after the script, then on rank 0
+``references`` (one process's results: after ``final``, so a peer's failure costs only those).
+What the script raised goes on to the bootstrap. It never reads the learner's source.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ checks the nccl path on a GPU machine; ``slurm/`` holds the sbatch script.
 
 from pathlib import Path
 
-from ddp_tutorial.launcher import worker_script
+from ddp_tutorial.lessons.worker_scripts import worker_script
 from ddp_tutorial.lessons import error_line
 
 UNEVEN_JOIN_SCRIPT = worker_script(__file__, "uneven_join.py")

@@ -8,7 +8,8 @@ import time
 from typing import Dict, List
 
 from ddp_tutorial.exercises.judge.common import max_difference as max_diff
-from ddp_tutorial.launcher import LaunchTimeout, warm_ready, launch, worker_script
+from ddp_tutorial.launcher import LaunchTimeout, warm_ready, launch
+from ddp_tutorial.lessons.worker_scripts import worker_script
 from ddp_tutorial.lessons import rank_results as part_records, script_source
 from ddp_tutorial.lessons.build_ddp.my_ddp_buckets import fill_at_most, fill_reaching  # noqa: F401
 from ddp_tutorial.lessons.build_ddp.overlap import (  # noqa: F401
@@ -173,7 +174,7 @@ def cases(run: Run) -> dict:
 COLD_START_S = 25.0
 
 
-def unused_parameter_hang(pg_timeout: float = 2.0, timeout: float = 5.0) -> dict:
+def unused_parameter_hang(pg_timeout: float = 2.0, timeout: float = 4.0) -> dict:
     """BucketDDP on 2 ranks where only rank 0 takes a branch: rank 0's all-reduce fails at the
     group's ``pg_timeout`` (the lab notes it, ends rank 0), rank 1 still waits at the deadline
     ``timeout``. Returns the LaunchTimeout's first line, stacks and each rank's report."""

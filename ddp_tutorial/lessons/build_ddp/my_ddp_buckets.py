@@ -17,7 +17,7 @@ STEPS = 3
 #: The caps the harness trains with, in bytes (its CAP_BYTES).
 CAPS = (2**20, 900, 500)
 
-RAN = "runs to the end on every rank, at W = 2 and W = 4"
+RAN = "runs to the end on every rank, at W = 2 (then at W = 4)"
 BROADCAST = "construction: every rank starts from rank 0's parameters and buffers (a broadcast)"
 SAME = (f"parameters after {STEPS} SGD steps equal torch's DDP within {TOLERANCE:g} (tied weights, a frozen bias, "
         "a requires_grad=False parameter, a buffer; caps of 1 MiB, 900 and 500 bytes)")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence
 
-from ddp_tutorial.launcher import (LaunchError, LaunchTimeout, WorkerError, launch, port_taken,
-                                   worker_script)
+from ddp_tutorial.launcher import LaunchError, LaunchTimeout, WorkerError, launch
+from ddp_tutorial.lessons.worker_scripts import worker_script
 from ddp_tutorial.lessons import hold_port, rank_results
 from ddp_tutorial.lessons.table import text_table
 
@@ -130,7 +130,8 @@ def port_clash(world_size: int = 2, timeout: float = 60.0):
 
 def is_address_in_use(err: WorkerError) -> bool:
     """Whether a rank failed because its port was taken (EADDRINUSE)."""
-    return port_taken(err.traceback)
+    text = err.traceback.lower()
+    return "eaddrinuse" in text or "address already in use" in text
 
 
 # -- Notebook 02: DDP(model) ---------------------------------------------------

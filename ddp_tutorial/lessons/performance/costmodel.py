@@ -1,7 +1,5 @@
-"""What DDP costs: bandwidths, the ring all-reduce model, its fit, a projection (no torch).
-
-A ring all-reduce of ``n`` bytes over ``p`` ranks: ``2(p-1)·α + 2(p-1)/p · n / B`` (notebook 07).
-"""
+"""What DDP costs: bandwidths, the ring all-reduce model (``n`` bytes over ``p`` ranks:
+``2(p-1)·α + 2(p-1)/p · n / B``, notebook 07), its fit, a projection (no torch)."""
 
 from __future__ import annotations
 
@@ -107,8 +105,7 @@ def project_step(workers: int, *, alpha_s: float, bandwidth: float, compute_s_pe
     exposed = max(comm - backward_fraction * micro_compute, last) if workers > 1 else 0.0
     step = compute + exposed
     return {"workers": workers, "step_s": step, "compute_s": compute, "comm_s": comm,
-            "exposed_comm_s": exposed, "efficiency": compute / step,
-            "samples_per_s": workers * batch_per_worker * accum_steps / step}
+            "exposed_comm_s": exposed, "efficiency": compute / step}
 
 
 def projection_grid(*, alpha_s: float, compute_s_per_sample: float, model_bytes: float,

@@ -1,7 +1,5 @@
-"""The performance lab's measurements (notebook 07, the bench), and what each says in words.
-
-Each measurement is one launch of a probe in ``workers/``; no torch here.
-"""
+"""The performance lab's measurements (notebook 07, the bench), each one launch of a probe in
+``workers/`` (no torch here), and what each says in words."""
 
 from __future__ import annotations
 
@@ -9,7 +7,8 @@ import statistics
 from typing import Dict, List, Sequence
 
 from ddp_tutorial.backend import gpu_count
-from ddp_tutorial.launcher import launch, worker_script
+from ddp_tutorial.launcher import launch
+from ddp_tutorial.lessons.worker_scripts import worker_script
 from ddp_tutorial.lessons.performance.costmodel import (
     GB, KB, MB, NCCL_CLASS_ALPHA_S, PAPER_LIKE_JOB, PROJECTION_ASSUMPTIONS, busbw, efficiency_at,
     fit_alpha_beta, projection_grid, ring_time, sweep_table)
@@ -57,16 +56,12 @@ def plain_crosscheck(sweep: Dict) -> Dict:
 
 
 def ddp_lab(world_size: int = 2, quick: bool = False, sections: Sequence[str] = (),
-            backend: str = "gloo") -> Dict:
-    """What ``workers/perf_ddp.py`` reports, in one launch (its docstring names the keys)."""
+            backend: str = "gloo", steps: int = 0) -> Dict:
+    """What ``workers/perf_ddp.py`` reports, in one launch (its docstring names the keys);
+    ``steps`` per setting (0: the script's default)."""
     args = ["--quick"] * quick + ["--backend", backend] + ["--sections", *sections] * bool(sections)
+    args += ["--steps", str(steps)] * bool(steps)
     return launch(DDP_SCRIPT, world_size, args, timeout=300, echo="rank0").results(0)[-1]
-
-
-def grad_view(world_size: int = 2, steps: int = 8) -> List[Dict]:
-    """``ddp_lab``'s section ``grad_view`` alone: a row per (view, set_to_none)."""
-    args = ["--backend", "gloo", "--sections", "grad_view", "--steps", str(steps)]
-    return launch(DDP_SCRIPT, world_size, args, timeout=120, echo="none").result(0, "grad_view")
 
 
 def projection(sweep: Dict, lab: Dict) -> Dict:

@@ -1,7 +1,5 @@
-"""The performance lab's figures: all-reduce sweep, bucket sweep, overlap, accumulation, projection.
-
-Each takes what ``measure`` returns, and ``ax``, the axes to draw on (a new figure if None).
-"""
+"""The performance lab's figures (sweeps, overlap, accumulation, projection): each takes what
+``measure`` returns, and ``ax``, the axes to draw on (a new figure if None)."""
 
 from __future__ import annotations
 
@@ -67,8 +65,7 @@ def plot_overlap(result: Dict, ax: Optional[Sequence[plt.Axes]] = None) -> plt.A
     wall_ax.bar_label(wall_ax.barh(names, [result[f"{w}_step_s"] * 1e3 for w in OVERLAP_WAYS],
                                    color=colors), fmt="%.2f ms", fontsize=8)
     wall_ax.invert_yaxis()
-    wall_ax.set_xlabel("wall time per step (ms, median)")
-    wall_ax.set_title("wall time")
+    wall_ax.set(xlabel="wall time per step (ms, median)", title="wall time")
     cpu = [result[f"{w}_cpu_s"] * 1e3 for w in OVERLAP_WAYS]
     compute = [result["none_cpu_s"] * 1e3] * len(cpu)
     cpu_ax.barh(names, compute, color="#bbbbbb", label="no communication's CPU time")
@@ -113,11 +110,10 @@ def plot_scaling_grid(projection: Dict) -> plt.Figure:
             ax.axvline(256, color="gray", lw=0.8)
             ax.text(256, 1.02, "paper: near-linear to 256 GPUs", fontsize=8, ha="center")
             ax.set_xscale("log", base=2)
-            ax.set_ylim(0, 1.08)
-            ax.set_ylabel("scaling efficiency (1 = linear)")
+            ax.set(ylim=(0, 1.08), ylabel="scaling efficiency (1 = linear)",
+                   xlabel="workers" if alpha == "NCCL-class" else "")
             ax.set_title(f"alpha = {projection['alphas'][alpha] * 1e6:.0f} us ({alpha}), bucket "
                          f"25 MB, K = {k}", fontsize=10)
-            ax.set_xlabel("workers" if alpha == "NCCL-class" else "")
     axes[0][0].legend(fontsize=8, loc="lower left")  # one legend: every panel draws the same curves
     fig.tight_layout()
     return fig

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from typing import Dict, List, Optional, Sequence
 
-from ddp_tutorial.launcher import LaunchError, launch, worker_script
+from ddp_tutorial.launcher import LaunchError, launch
+from ddp_tutorial.lessons.worker_scripts import worker_script
 from ddp_tutorial.lessons import script_source
 from ddp_tutorial.runfolder import Run
 
@@ -82,9 +83,7 @@ def per_rank(run: Run, pitfall: str, name: str) -> Dict[int, dict]:
 
 def max_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:
     """Largest absolute difference between two equally long lists of numbers."""
-    if len(a) != len(b):
-        raise ValueError(f"lengths differ: {len(a)} vs {len(b)}")
-    return max(abs(x - y) for x, y in zip(a, b))
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))  # ValueError if lengths differ
 
 
 def ranks_agree(records: Dict[int, dict], key: str) -> bool:

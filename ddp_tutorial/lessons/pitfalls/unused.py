@@ -47,17 +47,18 @@ def unused_summary(run: Run) -> dict:
                        "ranks_agree": ranks_agree(recs, "digest"), "max_diff_reference": recs[0]["max_diff_reference"]}
     cost = per_rank(run, "unused", "cost")
     variants = list(cost[0]["cpu_s"])
+    static = part(run, "unused", "static_graph_error")
+    clocks = ("cpu", "wall")
     return {
         "error_step": err["step"], "error_first_line": err["first_line"], "error_message": err["message"],
         "unused_params": [names[i] for i in unused_indices(err["message"])], "param_names": names,
-        **fixes,
-        "static_graph_error": part(run, "unused", "static_graph_error")["first_line"],
-        "static_graph_message": part(run, "unused", "static_graph_error")["message"],
+        **fixes, "static_graph_error": static["first_line"],
+        "static_graph_message": static["message"],
         "cost": {"layers": cost[0]["layers"],
-                 "cpu": {v: timing_stats([t for rec in cost.values() for t in rec["cpu_s"][v]]) for v in variants},
-                 "wall": {v: timing_stats([t for rec in cost.values() for t in rec["wall_s"][v]]) for v in variants},
-                 "paired_cpu": {v: paired_cost(run, v) for v in variants[1:]},
-                 "paired_wall": {v: paired_cost(run, v, "wall_s") for v in variants[1:]}},
+                 **{c: {v: timing_stats([t for rec in cost.values() for t in rec[f"{c}_s"][v]])
+                        for v in variants} for c in clocks},
+                 **{f"paired_{c}": {v: paired_cost(run, v, f"{c}_s") for v in variants[1:]}
+                    for c in clocks}},
     }
 
 

@@ -9,9 +9,10 @@ import statistics
 from typing import Dict, List, Optional, Sequence
 
 from ddp_tutorial import TRAIN_SCRIPT, config
-from ddp_tutorial.launcher import launch, worker_script
+from ddp_tutorial.launcher import launch
 from ddp_tutorial.lessons import ORIGINAL_SCRIPT, mistake_diff, script_function  # noqa: F401
 from ddp_tutorial.lessons.table import text_table
+from ddp_tutorial.lessons.worker_scripts import worker_script
 from ddp_tutorial.runfolder import Run
 
 SAMPLER_SCRIPT = worker_script(__file__, "sampler_demo.py")

@@ -30,9 +30,8 @@ def plot_sampler_orders(orders: Sequence[Dict[int, List[int]]], dataset_size: in
     ax.set_yticks(range(len(rows)), [f"epoch {e}, rank {r}" for e, r, _ in rows])
     ax.set_xticks(range(dataset_size))
     ax.tick_params(axis="x", labelsize="x-small")
-    ax.set_xlabel("sample index")
-    ax.set_ylabel("(epoch, rank)")
-    ax.set_title(title or "Samples per rank and epoch (colour: position in the rank's order)")
+    ax.set(xlabel="sample index", ylabel="(epoch, rank)",
+           title=title or "Samples per rank and epoch (colour: position in the rank's order)")
     ax.figure.colorbar(image, ax=ax, label="position in the rank's order")
     ax.figure.tight_layout()
     return ax

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence
 
-from ddp_tutorial.launcher import launch, worker_script
+from ddp_tutorial.launcher import launch
 from ddp_tutorial.lessons import rank_results
 from ddp_tutorial.lessons.table import text_table
+from ddp_tutorial.lessons.worker_scripts import worker_script
 from ddp_tutorial.runfolder import Run
 
 SCRIPT = worker_script(__file__, "sharding_lab.py")
@@ -192,10 +193,9 @@ def compress_summary(run: Run, rank: int = 0) -> dict:
 
 
 def bf16_hook_accepted(build: dict) -> bool:
-    """Whether ``register_comm_hook`` accepts ``bf16_compress_hook`` on the torch ``build`` (the
-    lab's ``build_facts``). torch 2.13 ``DistributedDataParallel._check_comm_hook``: CUDA or ROCm
-    with NCCL >= 2.10, or XCCL with an XPU (no XPU part in 2.6's rule: ``xpu_rule``). No GPU is
-    needed: Linux's default CUDA wheel accepts it on a CPU-only machine."""
+    """Whether torch 2.13's ``DDP._check_comm_hook`` accepts ``bf16_compress_hook`` on ``build``
+    (the lab's ``build_facts``): CUDA or ROCm with NCCL >= 2.10, or XCCL with an XPU (2.6's rule:
+    no XPU part, ``xpu_rule``). No GPU needed: Linux's default CUDA wheel accepts it."""
     cuda_or_rocm = build["cuda"] is not None or build["hip"] is not None
     nccl = bool(build["nccl_available"]) and tuple(build["nccl_version"] or ()) >= (2, 10)
     xpu = build.get("xpu_rule", True) and build["xccl_available"] and build["xpu_available"]
@@ -208,8 +208,7 @@ def format_bf16_build(summary: dict) -> str:
     nccl = ".".join(map(str, b["nccl_version"])) if b["nccl_version"] else "none"
     said = summary["bf16_compress_hook_refused"]
     return (f"torch {b['torch']}: CUDA {b['cuda'] or 'none'}, ROCm {b['hip'] or 'none'}, "
-            f"NCCL {nccl}, "
-            f"XPU with XCCL {bool(b['xccl_available'] and b['xpu_available'])}"
+            f"NCCL {nccl}, XPU with XCCL {bool(b['xccl_available'] and b['xpu_available'])}"
             f"{'' if b.get('xpu_rule', True) else ' (a rule without an XPU part)'} -> the rule "
             f"{'accepts' if bf16_hook_accepted(b) else 'refuses'} bf16_compress_hook; "
             f"register_comm_hook " + (f"refused it: {said}" if said else "accepted it"))
@@ -250,14 +249,11 @@ def calculator(model_params: Sequence[float], devices: int, memory_gib: float,
 
 
 def format_calculator(rows: List[dict], devices: int, memory_gib: float, title: str = "") -> str:
-    rows = [(_human(r["params"]), r["strategy"], f"{r['bytes_per_param']:.2f}",
-             f"{r['gib_per_device']:.1f}", "yes" if r["fits"] else "no") for r in rows]
+    rows = [(f"{r['params'] / 1e9:g}B" if r["params"] >= 1e9 else f"{r['params'] / 1e6:g}M",
+             r["strategy"], f"{r['bytes_per_param']:.2f}", f"{r['gib_per_device']:.1f}",
+             "yes" if r["fits"] else "no") for r in rows]
     return text_table(["model", "strategy", "bytes/param", f"GiB per device (of {memory_gib:g})",
                        f"fits on {devices}?"], rows, title)
-
-
-def _human(n: float) -> str:
-    return f"{n / 1e9:g}B" if n >= 1e9 else f"{n / 1e6:g}M"
 
 
 def ring_ratio(world_size: int) -> float:

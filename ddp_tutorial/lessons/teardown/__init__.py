@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Dict
 
-from ddp_tutorial.launcher import launch, worker_script
+from ddp_tutorial.launcher import launch
+from ddp_tutorial.lessons.worker_scripts import worker_script
 from ddp_tutorial.runfolder import Run
 
 TEARDOWN_SCRIPT = worker_script(__file__, "teardown_demo.py")
+PEER_EXIT_SCRIPT = worker_script(__file__, "peer_exit_demo.py")
 
 
 def run_teardown_demo(world_size: int = 2, echo: str = "all", timeout: float = 60.0) -> Run:
@@ -18,9 +20,6 @@ def run_teardown_demo(world_size: int = 2, echo: str = "all", timeout: float = 6
 def teardown_results(run: Run) -> Dict[int, Dict[str, object]]:
     """rank -> what ``teardown_demo.py`` reported."""
     return {rank: run.results(rank)[-1] for rank in run.ranks}
-
-
-PEER_EXIT_SCRIPT = worker_script(__file__, "peer_exit_demo.py")
 
 
 def peer_gone(world_size: int = 2, pg_timeout: float = 60.0, timeout: float = 90.0) -> dict:

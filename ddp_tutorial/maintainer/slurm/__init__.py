@@ -100,18 +100,16 @@ class LocalCluster:
 
     def pids(self) -> Dict[str, int]:
         """The daemons ``start`` wrote down that still run, by name: not a reused pid, as each
-        one's command line names the daemon and this folder."""
+        one's start time is written down too."""
         try:
             written = json.loads(self.pid_file.read_text())
         except (FileNotFoundError, ValueError):
             return {}
         running = {}
-        for name, pid in written.items():
+        for name, (pid, started) in written.items():
             with contextlib.suppress(psutil.Error):
                 proc = psutil.Process(pid)
-                words = (proc.cmdline() if proc.status() != psutil.STATUS_ZOMBIE else []) or [""]
-                if (os.path.basename(words[0]) == name.split("-")[0]
-                        and any(str(self.folder) in w for w in words)):
+                if proc.create_time() == started and proc.status() != psutil.STATUS_ZOMBIE:
                     running[name] = pid
         return running
 
@@ -150,7 +148,7 @@ class LocalCluster:
                                             stdin=subprocess.DEVNULL, start_new_session=True,
                                             env=self.env)
                 self._procs.append(proc)
-                pids[name] = proc.pid
+                pids[name] = [proc.pid, psutil.Process(proc.pid).create_time()]
                 self.pid_file.write_text(json.dumps(pids))
                 if name == "munged":
                     wait_for(lambda: (f / "munge.socket").exists(), timeout, "munged's socket")

@@ -26,8 +26,9 @@ from ddp_tutorial.exercises import NAMES
 from ddp_tutorial.launcher import procgroup
 from ddp_tutorial.teacher.grade import report, sandbox
 from ddp_tutorial.teacher.grade.collect import LayoutError, collect
-from ddp_tutorial.teacher.grade.outcomes import (CRASHED, FAILED, NOT_SUBMITTED, PACKAGE_ROOT, PASSED, REFUSED,
-                                                 TIMED_OUT, Cache, Limits, Outcome, cache_key, kit_version)
+from ddp_tutorial.teacher.grade.report import (CRASHED, FAILED, NOT_SUBMITTED, PACKAGE_ROOT, PASSED,
+                                               REFUSED, TIMED_OUT, Limits, Outcome, cache_key,
+                                               earlier_outcomes, kit_version)
 
 KIT_ROOT = PACKAGE_ROOT.parent
 #: The sandboxes' uids: slot n (a check running at once) runs as UID_BASE + n, a uid no one has.
@@ -43,36 +44,26 @@ def wall_limit(exercise: str, timeout: float) -> float:
     return (2 if exercise == "teardown" else 1) * timeout + 120.0
 
 
-class _Capped:
-    """Reads a pipe to its end in a thread, keeping at most ``limit`` bytes: the head and the tail."""
+class _Tail(threading.Thread):
+    """Reads a pipe to its end in a thread, keeping its last ``limit`` bytes (the report shows the
+    end of a check's output); ``dropped``: how many bytes came before them."""
 
     def __init__(self, stream, limit: int):
-        self.stream, self.limit, self.head, self.tail, self.dropped = stream, limit, b"", b"", 0
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
+        super().__init__(daemon=True)
+        self.stream, self.limit, self.kept, self.dropped = stream, limit, b"", 0
+        self.start()
 
-    def _read(self):
-        half = self.limit // 2
-        while True:
-            chunk = self.stream.read1(1 << 16)
-            if not chunk:
-                break
-            if len(self.head) < half:
-                take = chunk[:half - len(self.head)]
-                self.head += take
-                chunk = chunk[len(take):]
-            self.tail = (self.tail + chunk)[-half:]
-            self.dropped += max(0, len(chunk) - half)
-        self.stream.close()
+    def run(self):
+        with self.stream:
+            for chunk in iter(lambda: self.stream.read1(1 << 16), b""):
+                self.kept += chunk
+                self.dropped += max(0, len(self.kept) - self.limit)
+                self.kept = self.kept[-self.limit:]
 
     def text(self) -> str:
-        self.thread.join(5)
-        middle = f"\n... ({self.dropped} bytes of output left out) ...\n" if self.dropped else ""
-        return self.head.decode("utf-8", "replace") + middle + self.tail.decode("utf-8", "replace")
-
-    def data(self) -> bytes:
-        self.thread.join(5)
-        return b"" if self.dropped else self.head + self.tail
+        self.join(5)
+        dropped = f"... ({self.dropped} bytes of output left out) ...\n" if self.dropped else ""
+        return dropped + self.kept.decode("utf-8", "replace")
 
 
 #: The sandboxes running now: an interrupted grader stops them all at once.
@@ -96,15 +87,13 @@ def _empty(uid: int, timeout: float = 10.0) -> None:
     """Wait until no process of ``uid`` is left, killing any: the sandbox's processes die with its
     pid namespace, but not at once (a fork loop's hundreds take a while on a busy machine), and the
     next check with this uid must start alone."""
-    def alive():
-        return [p for p in psutil.process_iter(["uids", "status"]) if p.info["uids"] is not None
-                and p.info["uids"].real == uid and p.info["status"] != psutil.STATUS_ZOMBIE]
-
-    def gone() -> bool:
-        for p in alive():
+    def gone() -> bool:  # kills what is left; True once nothing was
+        alive = [p for p in psutil.process_iter(["uids", "status"]) if p.info["uids"] is not None
+                 and p.info["uids"].real == uid and p.info["status"] != psutil.STATUS_ZOMBIE]
+        for p in alive:
             with contextlib.suppress(psutil.Error):
                 p.kill()
-        return not alive()
+        return not alive
 
     procgroup.wait_until(gone, timeout)
 
@@ -127,8 +116,8 @@ def check_in_sandbox(learner: str, exercise: str, source: bytes, timeout: float,
                                cwd="/", env=env)
     _RUNNING[process.pid] = process
     os.close(write_end)
-    output = _Capped(process.stdout, limits.output_bytes)
-    result = _Capped(os.fdopen(read_end, "rb"), 8 << 20)
+    output = _Tail(process.stdout, limits.output_bytes)
+    result = _Tail(os.fdopen(read_end, "rb"), 8 << 20)
     killed = False
     with contextlib.suppress(BrokenPipeError):
         process.stdin.write(source)
@@ -143,10 +132,11 @@ def check_in_sandbox(learner: str, exercise: str, source: bytes, timeout: float,
             process.wait()
         _RUNNING.pop(process.pid, None)
         _empty(uid)
-    log = output.text()
+    log = output.text()[-4000:]  # its end: what the report shows, and keeps in results.json
     seconds = time.monotonic() - t0
+    result.join(5)
     try:
-        data = json.loads(result.data() or b"null")
+        data = None if result.dropped else json.loads(result.kept or b"null")
     except ValueError:
         data = None
     if killed:
@@ -206,12 +196,10 @@ def hidden_and_kept(submissions: Path, out: Path) -> tuple:
     return sorted(hide), sorted(keep)
 
 
-def grade(submissions_root, out="grades", jobs: int = 1, timeout: float = 60.0,
-          limits: Optional[Limits] = None) -> Dict:
+def grade(submissions_root, out="grades", jobs: int = 1, timeout: float = 60.0) -> Dict:
     """Check every file of every learner, ``jobs`` at once, write the report into ``out``; returns
     ``outcomes``, ``submissions``. LayoutError (nothing written): a layout it does not read."""
-    t0 = time.monotonic()
-    limits = limits or Limits()
+    t0, limits = time.monotonic(), Limits()
     root, out = Path(submissions_root).resolve(), Path(out).resolve()
     subs = collect(root)
     if problem := sandbox_problem():
@@ -221,12 +209,20 @@ def grade(submissions_root, out="grades", jobs: int = 1, timeout: float = 60.0,
     hide, keep = hidden_and_kept(root, out)
     out.mkdir(parents=True, exist_ok=True)
     kit = kit_version()
-    cache = Cache(out)
+    earlier = earlier_outcomes(out)
     print(*(f"skipped {s.learner}/{line}\n" for s in subs for line in s.skipped), sep="", end="")
     total = sum(e in s.files and e not in s.refused for s in subs for e in NAMES)
     print(f"grading {total} files of {len(subs)} learners, {jobs} at a time, into {out}", flush=True)
     outcomes: Dict[tuple, Outcome] = {}
     fresh, done = [], 0
+
+    def said(outcome: Outcome, how: str) -> None:
+        nonlocal done
+        done += 1
+        mark = "✓" if outcome.status == PASSED else report.cell(outcome)
+        print(f"[{done}/{total}] {outcome.learner} · {outcome.exercise}: {mark} ({how})",
+              flush=True)
+
     for sub, exercise in itertools.product(subs, NAMES):
         learner = sub.learner
         if exercise in sub.refused:
@@ -235,30 +231,27 @@ def grade(submissions_root, out="grades", jobs: int = 1, timeout: float = 60.0,
             outcomes[learner, exercise] = Outcome(learner, exercise, NOT_SUBMITTED)
         else:
             key = cache_key(exercise, sub.files[exercise], kit, timeout, limits)
-            hit = outcomes[learner, exercise] = cache.get(learner, exercise, key)
-            if hit is None:
-                fresh.append((learner, exercise, sub.files[exercise], key))
+            saved = earlier.get((learner, exercise), {})
+            if saved.get("key") == key:
+                outcomes[learner, exercise] = Outcome(**{**saved, "cached": True})
+                said(outcomes[learner, exercise], "unchanged: from the cache")
             else:
-                done += 1
-                print(f"[{done}/{total}] {learner} · {exercise}: {_cell_text(hit)} (unchanged: from the "
-                      "cache)", flush=True)
+                fresh.append((learner, exercise, sub.files[exercise], key))
     slots, worker = itertools.count(), threading.local()  # a uid per worker thread: per check at once
 
-    def one(item):
-        learner, exercise, source, key = item
+    def one(learner, exercise, source, key) -> Outcome:
         print(f"      checking {learner} · {exercise} ...", flush=True)
-        return item, check_in_sandbox(learner, exercise, source, timeout, worker.uid, limits, hide, keep)
+        outcome = check_in_sandbox(learner, exercise, source, timeout, worker.uid, limits, hide,
+                                   keep)
+        outcome.key = key
+        return outcome
 
     pool = ThreadPoolExecutor(jobs, initializer=lambda: setattr(worker, "uid", UID_BASE + next(slots)))
     try:
-        futures = [pool.submit(one, item) for item in fresh]
-        for future in as_completed(futures):
-            (learner, exercise, _, key), outcome = future.result()
-            outcomes[learner, exercise] = outcome
-            cache.put(outcome, key)
-            done += 1
-            print(f"[{done}/{total}] {learner} · {exercise}: {_cell_text(outcome)} ({outcome.seconds:.0f} s)",
-                  flush=True)
+        for future in as_completed([pool.submit(one, *item) for item in fresh]):
+            outcome = future.result()
+            outcomes[outcome.learner, outcome.exercise] = outcome
+            said(outcome, f"{outcome.seconds:.0f} s")
         pool.shutdown()
     except BaseException:  # Ctrl-C: no check starts any more, and the running ones stop now
         pool.shutdown(wait=False, cancel_futures=True)
@@ -277,7 +270,3 @@ def grade(submissions_root, out="grades", jobs: int = 1, timeout: float = 60.0,
     print(f"graded {len(subs)} learners in {seconds:.0f} s: {written['html']}, {written['csv']}",
           flush=True)
     return {"outcomes": ordered, "submissions": subs}
-
-
-def _cell_text(outcome: Outcome) -> str:
-    return "✓" if outcome.status == PASSED else report.cell(outcome)

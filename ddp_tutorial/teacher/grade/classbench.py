@@ -18,7 +18,7 @@ MISTAKES_DIR = grade.KIT_ROOT / "tests" / "exercise_mistakes"
 
 def make_class(folder: Path, learners: int) -> Dict[str, int]:
     """``learners`` folders of every exercise under ``folder``; returns how many files of each kind."""
-    mistakes = {name: sorted(MISTAKES_DIR.glob(f"{name}_*.py")) if MISTAKES_DIR.is_dir() else [] for name in NAMES}
+    mistakes = {name: sorted(MISTAKES_DIR.glob(f"{name}_*.py")) for name in NAMES}
     kinds = {"solution": 0, "mistake": 0, "skeleton": 0}
     for i in range(learners):
         mine = folder / f"learner{i + 1:02d}"

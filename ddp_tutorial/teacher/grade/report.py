@@ -1,21 +1,80 @@
-"""The grader's outputs: report.html, report.csv (a row per learner), results.json, the summary.
-
-What a learner's file can influence is escaped: the page runs no script and loads nothing (CSP).
-"""
+"""The grader's record: what one check may use (``Limits``) and gave (``Outcome``), written to
+report.html, report.csv (a row per learner) and results.json, which a rerun reads back: an outcome
+whose ``cache_key`` (the file, the settings, ``kit_version()``) is unchanged is not checked again.
+What a learner's file can influence is escaped: the page runs no script and loads nothing (CSP)."""
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
 import time
-from collections import Counter, defaultdict
-from dataclasses import asdict
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List
 
 from ddp_tutorial.exercises import NAMES
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
+PASSED, FAILED, CRASHED, TIMED_OUT, NOT_SUBMITTED, REFUSED = (
+    "passed", "failed", "crashed", "timed out", "not submitted", "not graded")
+
+
+@dataclass
+class Limits:
+    """What one check may use: per process memory (RLIMIT_AS beyond what importing torch maps), file
+    size, CPU; per check processes (its uid's RLIMIT_NPROC), /tmp and /dev/shm, output."""
+
+    memory_bytes: int = 4 << 30
+    processes: int = 512
+    file_bytes: int = 64 << 20
+    cpu_seconds: int = 600
+    tmp_bytes: int = 512 << 20
+    shm_bytes: int = 256 << 20
+    output_bytes: int = 64 << 10
+
+
+@dataclass
+class Outcome:
+    """One learner's result on one exercise: what the table, the CSV and the learner's section show."""
+
+    learner: str
+    exercise: str
+    status: str
+    summary: str = ""
+    criteria: List[list] = field(default_factory=list)
+    seconds: float = 0.0
+    cached: bool = False
+    log: str = ""  #: the end of the check's output
+    key: str = ""  #: ``cache_key``: a rerun reuses the outcome while the key is the same
+
+
+def kit_version() -> str:
+    """A hash of the package's sources: a changed judge, harness or launcher re-checks everything."""
+    digest = hashlib.sha256()
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        digest.update(str(path.relative_to(PACKAGE_ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cache_key(exercise: str, source: bytes, kit: str, timeout: float, limits: Limits) -> str:
+    settings = json.dumps({"exercise": exercise, "kit": kit, "timeout": timeout, "limits": asdict(limits)},
+                          sort_keys=True)
+    return hashlib.sha256(settings.encode() + b"\0" + source).hexdigest()
+
+
+def earlier_outcomes(out: Path) -> Dict[tuple, dict]:
+    """The outcomes of the last grading into ``out`` (its results.json), by learner and exercise."""
+    try:
+        saved = json.loads((out / "results.json").read_text(encoding="utf-8"))["outcomes"]
+        return {(o["learner"], o["exercise"]): o for o in saved}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
 
 MARK = {"passed": "✓", "failed": "✗", "crashed": "✗ crashed", "timed out": "✗ timed out",
         "not submitted": "—", "not graded": "not graded", "not checked": "not checked"}
@@ -42,22 +101,18 @@ def cell(outcome) -> str:
 
 def per_exercise_lines(subs, outcomes) -> List[str]:
     """One line per exercise, for the class: "sampler: 18 of 30 pass; 9 of 30 fail: set_epoch ..."."""
-    lines = []
-    learners = len(subs)
-    wrong: Dict[str, Counter] = defaultdict(Counter)  # the first failed criterion, or the status
-    for o in outcomes:
-        if o.status in ("failed", "crashed", "timed out"):
-            wrong[o.exercise][o.summary.split(":")[0] if o.status == "failed" else o.status] += 1
+    lines, n = [], len(subs)
     for exercise in NAMES:
         mine = [o for o in outcomes if o.exercise == exercise]
-        passed = sum(o.status == "passed" for o in mine)
+        # what went wrong: the first failed criterion, or the status
+        wrong = Counter(o.summary.split(":")[0] if o.status == "failed" else o.status for o in mine
+                        if o.status in ("failed", "crashed", "timed out"))
         missing = sum(o.status == "not submitted" for o in mine)
-        parts = [f"{passed} of {learners} pass"]
-        parts += [f"{n} of {learners} {what if what in ('crashed', 'timed out') else 'fail: ' + what}"
-                  for what, n in wrong[exercise].most_common()]
-        if missing:
-            parts.append(f"{missing} not submitted")
-        lines.append(f"{exercise}: " + "; ".join(parts))
+        lines.append(f"{exercise}: " + "; ".join(
+            [f"{sum(o.status == 'passed' for o in mine)} of {n} pass"]
+            + [f"{k} of {n} {what if what in ('crashed', 'timed out') else 'fail: ' + what}"
+               for what, k in wrong.most_common()]
+            + [f"{missing} not submitted"] * bool(missing)))
     return lines
 
 
@@ -98,34 +153,29 @@ Each mark links to the learner's section.</p>
 <pre>{{ detail }}</pre></li>
 {%- endfor %}</ul>{% elif o.summary %}<pre>{{ o.summary }}</pre>{% endif %}
 {% if o.status == "crashed" and not o.criteria and o.log %}
-<details><summary>the check's output</summary><pre>{{ o.log[-4000:] }}</pre></details>{% endif %}
+<details><summary>the check's output</summary><pre>{{ o.log }}</pre></details>{% endif %}
 {% endfor %}{% endfor %}
 </body></html>
 """
 
 
-def html_report(subs, outcomes, seconds: float, settings: Dict) -> str:
-    from jinja2 import Environment
-
-    page = Environment(autoescape=True).from_string(PAGE)
-    return page.render(subs=subs, by={(o.learner, o.exercise): o for o in outcomes}, names=NAMES,
-                       mark=MARK, id=_id, basename=os.path.basename, style=STYLE,
-                       summary=per_exercise_lines(subs, outcomes), seconds=seconds,
-                       settings=settings, when=time.strftime("%Y-%m-%d %H:%M"))
-
-
 def write(out: Path, subs, outcomes, seconds: float, settings: Dict) -> Dict[str, Path]:
     """report.html, report.csv and results.json in ``out``; returns their paths."""
+    from jinja2 import Environment
+
     by = {(o.learner, o.exercise): o for o in outcomes}
     paths = {"html": out / "report.html", "csv": out / "report.csv", "json": out / "results.json"}
-    write_atomic(paths["html"], html_report(subs, outcomes, seconds, settings))
+    write_atomic(paths["html"], Environment(autoescape=True).from_string(PAGE).render(
+        subs=subs, by=by, names=NAMES, mark=MARK, id=_id, basename=os.path.basename, style=STYLE,
+        summary=per_exercise_lines(subs, outcomes), seconds=seconds, settings=settings,
+        when=time.strftime("%Y-%m-%d %H:%M")))
     table = io.StringIO()
     csv.writer(table).writerows([["learner", *NAMES]] + [
         [cell_text_safe(sub.learner)] + [cell(by[sub.learner, e]) for e in NAMES] for sub in subs])
     write_atomic(paths["csv"], table.getvalue())
     results = {"settings": settings, "seconds": seconds,
                "learners": [{"learner": s.learner, "origin": s.origin, "skipped": s.skipped} for s in subs],
-               "outcomes": [{k: v for k, v in asdict(o).items() if k != "log"} for o in outcomes]}
+               "outcomes": [asdict(o) for o in outcomes]}
     write_atomic(paths["json"], json.dumps(results, indent=1))
     return paths
 

@@ -1,9 +1,7 @@
-"""Time ``dist.all_reduce`` over a sweep of tensor sizes, and a memcpy of the same sizes for scale.
-
-Each size: ``ROUNDS`` rounds of calls that start together, each call timed on its own;
-``seconds`` is the lower quartile of all calls (notebook 07 says why). On CUDA also
-``cuda_sweep``, timed with CUDA events on the GPU's own clock.
-"""
+"""Time ``dist.all_reduce`` over a sweep of tensor sizes, and a memcpy of the same sizes for scale:
+per size ``ROUNDS`` rounds of calls that start together, each call timed on its own; ``seconds``
+is the lower quartile of all calls (notebook 07 says why). On CUDA also ``cuda_sweep``, timed
+with CUDA events on the GPU's own clock."""
 
 import argparse
 import statistics

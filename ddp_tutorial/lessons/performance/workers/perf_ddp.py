@@ -1,18 +1,13 @@
-"""Measure what DDP itself costs, in one process group: buckets, overlap, accumulation, our timing,
-where the gradients live.
-
-The model is a deep, narrow MLP: many small tensors, as the DDP paper uses to show why gradients
-are bucketed. Rank 0 reports each section (``measure_<section>``) under its name, and
-``compute`` (seconds per sample, from the overlap's way without communication). One launch, as
-each rank's first ``DDP(...)`` imports ``torch._dynamo`` (distributed.py ``__init__``:
-``torch._dynamo.utils.get_optimize_ddp_mode``).
-"""
+"""What DDP itself costs, in one launch: buckets, overlap, accumulation, our timing, where the
+gradients live, on a deep, narrow MLP (many small tensors, as in the DDP paper). Rank 0 reports
+each section (``measure_<section>``) under its name, and ``compute`` (seconds per sample)."""
 
 import argparse
 import copy
 import os
 import statistics
 import time
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -42,14 +37,6 @@ def sync_device(device) -> None:
         torch.cuda.synchronize(device)
 
 
-class StepLog(list):
-    """``Instrument``'s step records, in memory."""
-
-    def write(self, record):
-        if record["kind"] == "step":
-            self.append(record)
-
-
 def one_epoch(env, batch_size: int, micro_steps: int):
     """The loader of an epoch of exactly ``micro_steps`` micro-batches per rank."""
     dataset = make_dataset(make_inputs(env.world_size * batch_size * micro_steps, 0), 0)
@@ -64,14 +51,15 @@ def run_epoch(model, env, batch_size: int, accum_steps: int, micro_steps: int,
     0..``straggler_ms`` ms): wall seconds, gradient bytes all-reduced, the step records."""
     loader = one_epoch(env, batch_size, micro_steps)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    log = StepLog()
-    hooks = Instrument(records=log, straggler_ms=straggler_ms)
+    log = []  # Instrument's records, in memory
+    hooks = Instrument(records=SimpleNamespace(write=log.append), straggler_ms=straggler_ms)
     hooks.start(env, model, optimizer, len(loader))
     dist.barrier()
     t0 = time.perf_counter()
     train_epoch(model, loader, optimizer, loss_fn, accum_steps, 0, hooks)
     sync_device(env.device)
-    return time.perf_counter() - t0, hooks.timer.sync.total_bytes, log
+    return (time.perf_counter() - t0, hooks.timer.sync.total_bytes,
+            [r for r in log if r["kind"] == "step"])
 
 
 def batches(env, batch_size: int, count: int, seed: int = 0):

@@ -1,14 +1,13 @@
 """Pitfall 8: a collective that cannot complete, made to fail loudly and say where.
 
     torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_hang.py \
-        --case mismatch            # with TORCH_DISTRIBUTED_DEBUG=DETAIL too
-    torchrun --standalone --nproc-per-node 2 ddp_tutorial/lessons/pitfalls/workers/pitfall_hang.py \
-        --case missing --monitored
+        --case mismatch            # or: --case missing [--monitored]
 
 Both cases fail on purpose: run them under a deadline. ``mismatch``: the last rank all-reduces
-one loss more; gloo aborts in C++, and DETAIL turns it into a RuntimeError naming the shapes.
-``missing``: the last rank never reaches a barrier that times out after ``--wait-timeout`` s;
-``--monitored`` uses ``dist.monitored_barrier``, which names the missing rank.
+one loss more; gloo aborts in C++, and TORCH_DISTRIBUTED_DEBUG=DETAIL turns it into a
+RuntimeError naming the shapes. ``missing``: the last rank never reaches a barrier that times out
+after ``--wait-timeout`` s; ``--monitored`` uses ``dist.monitored_barrier``, which names the
+missing rank.
 """
 
 import argparse

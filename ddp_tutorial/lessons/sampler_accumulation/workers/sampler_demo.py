@@ -6,13 +6,12 @@ built from one shared seed (``train.make_inputs``) and per rank (``original.make
         ddp_tutorial/lessons/sampler_accumulation/workers/sampler_demo.py
 """
 
-import argparse
 import hashlib
 
-import torch
 import torch.distributed as dist
 from torch.utils.data.distributed import DistributedSampler
 
+from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import flags, run
 from ddp_tutorial.runfolder import report
 from ddp_tutorial.rank import original
 from ddp_tutorial.train import make_dataset, make_inputs
@@ -46,32 +45,19 @@ def fingerprint(size: int, seed: int, rank: int, per_rank_bug: bool):
             "input_sum": round(float(x.sum()), 4)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset-size", type=int, default=24)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--padding-size", type=int, default=10)
-    parser.add_argument("--data-size", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    try:
-        rank, world_size = dist.get_rank(), dist.get_world_size()
-        report({
-            "world_size": world_size,
-            "orders_set_epoch": epoch_orders(args.dataset_size, args.epochs, args.seed, True),
-            "orders_no_set_epoch": epoch_orders(args.dataset_size, args.epochs, args.seed, False),
-            "padding": padded_indices(args.padding_size, args.seed),
-            "data_shared": fingerprint(args.data_size, args.seed, rank, per_rank_bug=False),
-            "data_per_rank": fingerprint(args.data_size, args.seed, rank, per_rank_bug=True),
-        })
-        dist.barrier()  # every rank has reported before any leaves
-        print(f"rank {rank}/{world_size}: reported sampler orders, padding and data fingerprints",
-              flush=True)
-    finally:
-        dist.destroy_process_group()
+def body(args, rank: int, world_size: int) -> None:
+    report({
+        "world_size": world_size,
+        "orders_set_epoch": epoch_orders(args.dataset_size, args.epochs, args.seed, True),
+        "orders_no_set_epoch": epoch_orders(args.dataset_size, args.epochs, args.seed, False),
+        "padding": padded_indices(args.padding_size, args.seed),
+        "data_shared": fingerprint(args.data_size, args.seed, rank, per_rank_bug=False),
+        "data_per_rank": fingerprint(args.data_size, args.seed, rank, per_rank_bug=True),
+    })
+    dist.barrier()  # every rank has reported before any leaves
+    print(f"rank {rank}/{world_size}: reported sampler orders, padding and data fingerprints",
+          flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    run(body, flags(__doc__, dataset_size=24, epochs=3, padding_size=10, data_size=64))

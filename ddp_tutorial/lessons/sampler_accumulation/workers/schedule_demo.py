@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddp_tutorial.lessons.pitfalls.workers.pitfall_common import run
 from ddp_tutorial.runfolder import report
 from ddp_tutorial import train
 from ddp_tutorial.rank import original
@@ -57,12 +58,12 @@ def applied_per_step(model, schedule, rank: int, world_size: int, args):
     return steps, lost
 
 
-def parse_args(argv=None):
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--micro", type=int, default=6)
     p.add_argument("--accum-steps", type=int, default=4)
     p.add_argument("--epochs", type=int, default=2)
-    return p.parse_args(argv)
+    return p
 
 
 def measure(args, rank: int, world_size: int, group=None) -> None:
@@ -77,15 +78,5 @@ def measure(args, rank: int, world_size: int, group=None) -> None:
                       f"{len(s['applied'])} micro-batches", flush=True)
 
 
-def main() -> None:
-    args = parse_args()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    try:
-        measure(args, dist.get_rank(), dist.get_world_size())
-    finally:
-        dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main()
+    run(measure, parser())

@@ -40,7 +40,8 @@ def main() -> None:
                 train.main([*flags, "--out", os.path.join(rank_run_dir("runs/train_runs"), sub)])
         if sys.argv[2:] == ["--schedule-demo"]:  # on gloo, as alone: its model stays on the CPU
             gloo = torch.distributed.new_group(backend="gloo")
-            schedule_demo.measure(schedule_demo.parse_args([]), env.rank, env.world_size, gloo)
+            args = schedule_demo.parser().parse_args([])
+            schedule_demo.measure(args, env.rank, env.world_size, gloo)
     finally:
         train.teardown()  # step 5, once
 

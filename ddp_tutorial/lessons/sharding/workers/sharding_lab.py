@@ -1,6 +1,8 @@
 """What each rank holds and sends under DDP, ZeRO-1, FSDP2 and compressed gradients. ``--parts``:
 memory (bytes held after one step), zero and fsdp (beside DDP + Adam: each step's collectives, the
 final gap), compress (DDP's comm hooks). Each rank trains on its rows of one seeded global batch."""
+import inspect
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -44,7 +46,7 @@ def global_batch(seed: int, step: int, rows: int, d_in: int, d_out: int):
     return x, torch.tanh(x @ teacher) + 0.1 * torch.randn(rows, d_out, generator=g)
 
 
-def rank_batch(args, step, rank, world_size, d_in, d_out):
+def rank_batch(args, step, rank, world_size, d_in=WIDE[0], d_out=WIDE[2]):
     x, y = global_batch(args.seed, step, args.batch_size * world_size, d_in, d_out)
     return shard(x, rank, world_size), shard(y, rank, world_size)
 
@@ -95,10 +97,8 @@ def part_memory(args, rank, world_size):
         for strategy, (wrap, make_optimizer) in STRATEGIES.items():
             model = wrap(build(args.seed))
             optimizer = make_optimizer(model.parameters())
-            x, y = rank_batch(args, 0, rank, world_size, d_in, d_out)
-            optimizer.zero_grad(set_to_none=True)
-            F.mse_loss(model(x), y).backward()
-            optimizer.step()  # gradients kept: the moment all three live at once
+            # gradients kept after the step: the moment all three live at once
+            train_step(model, optimizer, *rank_batch(args, 0, rank, world_size, d_in, d_out))
             sizes = {n: p.numel() for n, p in build(args.seed).named_parameters()}
             report({"part": "memory", "model": model_name, "strategy": strategy,
                     **held(model, optimizer), "model_elements": sum(sizes.values()),
@@ -108,13 +108,12 @@ def part_memory(args, rank, world_size):
 
 # -- zero ----------------------------------------------------------------------
 def part_zero(args, rank, world_size):
-    d_in, d_out = WIDE[0], WIDE[2]
     ref, z = ddp(wide_model(args.seed)), ddp(wide_model(args.seed))
     ref_opt, z_opt = adam(ref.parameters()), zero(z.parameters())
     per_step = []
     with log.recording():
         for step in range(args.steps):
-            x, y = rank_batch(args, step, rank, world_size, d_in, d_out)
+            x, y = rank_batch(args, step, rank, world_size)
             train_step(ref, ref_opt, x, y)
             log.take()
             z_opt.zero_grad(set_to_none=True)
@@ -179,7 +178,6 @@ def one_process_float64(args, world_size):
 
 
 def part_fsdp(args, rank, world_size):
-    d_in, d_out = WIDE[0], WIDE[2]
     ref, sharded = ddp(wide_model(args.seed)), fsdp(wide_model(args.seed))
     ref_opt, sharded_opt = adam(ref.parameters()), adam(sharded.parameters())
     layers = {f"{name} (Linear)": m for name, m in sharded.named_children()
@@ -188,7 +186,7 @@ def part_fsdp(args, rank, world_size):
     watch_unsharded(layers, events)
     with log.recording():
         for step in range(args.steps):
-            x, y = rank_batch(args, step, rank, world_size, d_in, d_out)
+            x, y = rank_batch(args, step, rank, world_size)
             train_step(ref, ref_opt, x, y)
             ddp_calls = log.take()
             sharded_opt.zero_grad(set_to_none=True)
@@ -239,19 +237,13 @@ def bf16_refusal() -> str:
 def build_facts() -> dict:
     """What ``_check_comm_hook`` reads to decide on ``bf16_compress_hook``: the build, not devices;
     ``xpu_rule``: whether its source has the XPU part (2.13's does, 2.6's not)."""
-    import inspect
-
     nccl = dist.is_nccl_available()
     xccl = hasattr(dist, "is_xccl_available") and dist.is_xccl_available()
-    try:
-        xpu_rule = "xccl" in inspect.getsource(DDP._check_comm_hook)
-    except (OSError, TypeError, AttributeError):  # no source: assume the newer rule
-        xpu_rule = True
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "hip": torch.version.hip,
             "nccl_available": nccl,
             "nccl_version": list(torch.cuda.nccl.version()) if nccl else None,
             "xccl_available": xccl, "xpu_available": bool(xccl and torch.xpu.is_available()),
-            "xpu_rule": xpu_rule}
+            "xpu_rule": "xccl" in inspect.getsource(DDP._check_comm_hook)}
 
 
 def part_compress(args, rank, world_size):

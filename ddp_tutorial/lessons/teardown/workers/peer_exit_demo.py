@@ -3,10 +3,9 @@
     python -c "import ddp_tutorial as d; d.launch(d.scripts_path('peer_exit_demo.py'), 2)"
 
 Default: after one all-reduce the last rank vanishes (``os._exit(0)``, an exit code the launcher
-does not treat as a failure); every other rank all-reduces again and reports
-``seconds_to_error``, ``error_type`` and ``error`` next to ``pg_timeout_s``.
-``--no-teardown``: every rank all-reduces, meets at a barrier and returns without
-``destroy_process_group``. Flags: ``--pg-timeout 60``, ``--no-teardown``.
+does not treat as a failure); every other rank all-reduces again and reports ``seconds_to_error``,
+``error_type``, ``error`` and ``pg_timeout_s``. ``--no-teardown``: every rank all-reduces, meets
+at a barrier and returns without ``destroy_process_group``.
 """
 
 import argparse

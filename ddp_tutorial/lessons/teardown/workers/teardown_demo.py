@@ -23,12 +23,9 @@ def all_reduce_ranks() -> float:
 
 
 def rejoin(rank: int) -> None:
-    """Join a new group after ``destroy_process_group``.
-
-    An agent's store (torchrun, ``launch``) outlives the group with the old group's addresses in
-    it: a fresh key prefix gives the new group a clean slate. A store that rank 0 hosted itself
-    (plain env://) died with the group, and env:// starts a new one.
-    """
+    """Join a new group after ``destroy_process_group``. An agent's store (torchrun, ``launch``)
+    outlives the group with its addresses: a fresh key prefix gives the new group a clean slate.
+    A store that rank 0 hosted (plain env://) died with the group, and env:// starts a new one."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         dist.init_process_group("gloo")
         return
@@ -59,8 +56,7 @@ def main() -> None:
                 "reinit_all_reduce": all_reduce_ranks()})
         print(f"rank {rank}: second init without teardown -> "
               f"{error['type'] if error else 'no error'}; after destroy_process_group it joined "
-              "again",
-              flush=True)
+              "again", flush=True)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
