@@ -43,7 +43,7 @@ def test_notebook_rounds_count_passes_per_notebook(tmp_path, monkeypatch):
     assert "a false claim" in result["runs"][0]["cases"][fails_name]["report"]
     assert [r["busy_core"] for r in result["runs"]] == [True]
     table = suite.format_suite(result).splitlines()
-    assert table[0].startswith(f"`pytest --nbmake {tmp_path}` 1 times in place (1 beside a busy")
+    assert table[0].startswith(f"`pytest -n 0 --nbmake {tmp_path}` 1 times in place (1 beside a busy")
     assert any(line.split()[:4] == [fails_name, "passed", "0/1,", "median"] for line in table)
     assert f"{fails_name}: failed in 1 of 1 runs" in table
     assert suite.report(result) == 1
