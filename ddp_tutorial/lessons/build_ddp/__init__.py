@@ -174,7 +174,7 @@ def cases(run: Run) -> dict:
 COLD_START_S = 25.0
 
 
-def unused_parameter_hang(pg_timeout: float = 2.0, timeout: float = 4.0) -> dict:
+def unused_parameter_hang(pg_timeout: float = 1.0, timeout: float = 3.0) -> dict:
     """BucketDDP on 2 ranks where only rank 0 takes a branch: rank 0's all-reduce fails at the
     group's ``pg_timeout`` (the lab notes it, ends rank 0), rank 1 still waits at the deadline
     ``timeout``. Returns the LaunchTimeout's first line, stacks and each rank's report."""
