@@ -294,12 +294,13 @@ def part_hang(args, rank, world_size):
     # torch._disable_dynamo), which the short deadline must not pay.
     model = BucketDDP(seeded(BranchModel, args.seed), bucket_cap_mb=CAPS[1])
     x, y = branch_batch(args.seed, 0, rank, args.batch_size)
+    # From before backward: gloo's timeout runs from the all-reduce's launch, in a backward hook.
+    t0 = time.perf_counter()
     F.mse_loss(model(x), y).backward()
     report = {"part": "hang", "took_branch": bool(x[0, 0] > 0),
               "gradients": sum(p.grad is not None for p in model.parameters()),
               "parameters": sum(1 for _ in model.parameters())}
     runfolder.report(report)
-    t0 = time.perf_counter()
     try:
         # Rank 0's all-reduce waits for rank 1, which never launches that bucket, until gloo's
         # timeout (--pg-timeout). Rank 1 waits on its own bucket's Future, which nothing completes.
