@@ -161,24 +161,6 @@ def wait_agents(agents, out: Path, timeout: float):
 
 
 # -- Multi-node ---------------------------------------------------------------
-def test_two_torchrun_agents_as_two_nodes_match_a_single_node_run(tmp_path):
-    train_args = ["--dataset-size", "256", "--batch-size", "8", "--accum-steps", "2", "--epochs", "2"]
-    single = launch(TRAIN_SCRIPT, 4, train_args, run_dir=tmp_path / "single", echo="none", timeout=120)
-
-    port = free_port()
-    out = tmp_path / "two_nodes"
-    run_id = f"two-nodes-{uuid.uuid4().hex[:8]}"
-    agents = [torchrun(2, 2, port, run_id, out, train_args) for _node in range(2)]
-    results = wait_agents(agents, out, timeout=150)
-    for code, output in results:
-        assert code == 0, output[-3000:]
-
-    two_nodes = Run(out)
-    assert two_nodes.ranks == [0, 1, 2, 3]
-    assert {two_nodes.summaries[r]["world_size"] for r in two_nodes.ranks} == {4}
-    assert_same_params(two_nodes.model_state(), single.model_state())
-
-
 def test_the_multi_node_commands_shown_are_the_tested_ones():
     """docs/clusters.md's real-cluster command is the tested loopback one but for where the nodes are,
     and notebook 08 shows it as it is there."""
