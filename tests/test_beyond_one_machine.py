@@ -317,7 +317,8 @@ def test_two_nodes_restart_when_one_node_fails_while_the_other_computes(tmp_path
         assert code == 0, output[-4000:]
     assert sum("injected failure (raise) at step 7" in output for _, output in results) == 1
     run = Run(out)
-    assert run.ranks == [0, 1, 2, 3]
+    assert run.ranks == [0, 1, 2, 3]  # one group across both agents, not a group per node
+    assert {run.summaries[r]["world_size"] for r in run.ranks} == {4}
     for rank in run.ranks:  # every rank agrees that one restart happened, whichever agent counted it
         resumes = [(e["attempt"], e["step"]) for e in run.events[rank] if e["kind"] == "resume"]
         assert resumes == [(1, 6)], (rank, resumes)  # the last save: after step 6, mid-epoch 1
