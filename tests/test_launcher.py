@@ -334,11 +334,12 @@ def test_a_launching_script_without_a_main_guard_launches_once(tmp_path):
 
 
 def test_the_forkserver_does_not_preload_torch_dynamo():
-    """With ``torch._dynamo`` imported before ``init_process_group`` (which then clears its caches:
-    distributed_c10d.py), a script that leaves the group before dropping its DDP model can deadlock
-    where a cold rank does not: warm ranks must not start with it (docs/warm-launches.md)."""
+    """With ``torch._dynamo``, or what it imports, imported before ``init_process_group``, a script that
+    leaves the group before dropping its DDP model hangs now and then where torchrun's ranks did not:
+    warm ranks must not start with them (docs/warm-launches.md, docs/measured.md)."""
     code = ("import importlib, sys\nfrom ddp_tutorial.launcher.warm import PRELOAD\n"
             "for name in PRELOAD:\n    importlib.import_module(name)\n"
-            "print(sorted(m for m in sys.modules if m.startswith(('torch._dynamo', 'torch._inductor'))))")
+            "print([m for m in ('torch._dynamo', 'torch._inductor', 'sympy', 'torch.fx.experimental.symbolic_shapes',\n"
+            "    'torch.distributed.tensor', 'torch.distributed.fsdp') if m in sys.modules])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

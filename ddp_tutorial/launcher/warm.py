@@ -20,7 +20,7 @@ from ddp_tutorial.launcher.spec import BOOTSTRAP
 
 #: What the forkserver imports before it forks. Not ``torch._dynamo`` nor what it imports (sympy,
 #: DTensor...): imported before ``init_process_group``, they make a DDP model freed after
-#: ``destroy_process_group`` deadlock where a cold rank does not (docs/warm-launches.md).
+#: ``destroy_process_group`` hang now and then where torchrun's ranks did not (docs/measured.md).
 PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "ddp_tutorial.envvars"]
 #: Variables torch may read when imported (TORCH_DISTRIBUTED_DEBUG...): a launch setting one starts
 #: cold, since the forkserver imported torch without it.
