@@ -137,6 +137,27 @@ def test_the_test_configuration_keeps_notebook_runs_out_of_the_learners_folder()
         written.unlink()
 
 
+
+@pytest.mark.skipif(os.name != "posix", reason="jupyter_client's ipc transport needs Unix sockets")
+def test_notebook_kernels_start_when_every_tcp_port_is_taken(tmp_path, monkeypatch):
+    """pyproject's plugin puts nbmake's kernels on Unix sockets: a kernel whose TCP port another
+    process took dies at start (in CI: "Kernel didn't respond in 60 seconds")."""
+    import socket
+
+    import nbformat
+    from jupyter_client.connect import LocalPortCache
+    from nbmake.nb_run import NotebookRun
+
+    taken = socket.create_server(("127.0.0.1", 0))  # as a rank's connection holds a port
+    monkeypatch.setattr(LocalPortCache, "find_available_port", lambda self, ip: taken.getsockname()[1])
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('kernel up')")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "up.ipynb")
+    with taken:
+        result = NotebookRun(tmp_path / "up.ipynb", 60).execute()
+    assert result.error is None, result.error.summary
+    assert result.nb.cells[0].outputs[0].text == "kernel up\n"
+
 def test_a_missing_script_says_to_start_first():
     result = exercises.check("wrap")
     assert not result.passed
