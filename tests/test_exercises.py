@@ -139,14 +139,14 @@ def test_the_test_configuration_keeps_notebook_runs_out_of_the_learners_folder()
 
 
 @pytest.mark.skipif(os.name != "posix", reason="jupyter_client's ipc transport needs Unix sockets")
-def test_notebook_kernels_start_when_every_tcp_port_is_taken(tmp_path, monkeypatch):
-    """pyproject's plugin puts nbmake's kernels on Unix sockets: a kernel whose TCP port another
+@pytest.mark.parametrize("runner", ["nbmake", "nbconvert"])  # the notebooks; teacher/render.py
+def test_notebook_kernels_start_when_every_tcp_port_is_taken(runner, tmp_path, monkeypatch):
+    """pyproject's plugin puts the tests' kernels on Unix sockets: a kernel whose TCP port another
     process took dies at start (in CI: "Kernel didn't respond in 60 seconds")."""
     import socket
 
     import nbformat
     from jupyter_client.connect import LocalPortCache
-    from nbmake.nb_run import NotebookRun
 
     taken = socket.create_server(("127.0.0.1", 0))  # as a rank's connection holds a port
     monkeypatch.setattr(LocalPortCache, "find_available_port", lambda self, ip: taken.getsockname()[1])
@@ -154,9 +154,17 @@ def test_notebook_kernels_start_when_every_tcp_port_is_taken(tmp_path, monkeypat
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, tmp_path / "up.ipynb")
     with taken:
-        result = NotebookRun(tmp_path / "up.ipynb", 60).execute()
-    assert result.error is None, result.error.summary
-    assert result.nb.cells[0].outputs[0].text == "kernel up\n"
+        if runner == "nbmake":
+            from nbmake.nb_run import NotebookRun
+
+            result = NotebookRun(tmp_path / "up.ipynb", 60).execute()
+            assert result.error is None, result.error.summary
+            nb = result.nb
+        else:
+            from nbconvert.preprocessors import ExecutePreprocessor
+
+            ExecutePreprocessor(timeout=60).preprocess(nb, {"metadata": {"path": str(tmp_path)}})
+    assert nb.cells[0].outputs[0].text == "kernel up\n"
 
 def test_a_missing_script_says_to_start_first():
     result = exercises.check("wrap")

@@ -30,7 +30,8 @@ def pytest_unconfigure(config) -> None:
 
 
 def kernels_on_unix_sockets() -> None:
-    """nbmake's kernels talk over Unix sockets (jupyter_client's ``ipc`` transport) where zmq has them.
+    """Kernels started in the tests talk over Unix sockets (jupyter_client's ``ipc`` transport)
+    where zmq has them.
 
     Over TCP, jupyter_client picks five free ports, closes them and starts the kernel, which binds
     each once (ipykernel's ``_bind_socket``: one attempt for a given port). Meanwhile the suite's
@@ -42,13 +43,11 @@ def kernels_on_unix_sockets() -> None:
         return
     import uuid
 
-    import nbmake.nb_run
-    from jupyter_client import AsyncKernelManager
+    import jupyter_client
     from jupyter_core.paths import jupyter_runtime_dir
-    from nbclient import NotebookClient
     from traitlets import default
 
-    class UnixSocketKernelManager(AsyncKernelManager):
+    class UnixSocketKernelManager(jupyter_client.AsyncKernelManager):
         @default("transport")
         def _unix_sockets(self):
             return "ipc"
@@ -58,9 +57,6 @@ def kernels_on_unix_sockets() -> None:
             os.makedirs(jupyter_runtime_dir(), exist_ok=True)  # process's cwd, and nbmake's kernel
             return os.path.join(jupyter_runtime_dir(), f"kernel-{uuid.uuid4().hex[:16]}-ipc")  # starts in notebooks/
 
-    class UnixSocketNotebookClient(NotebookClient):
-        @default("kernel_manager_class")
-        def _unix_socket_kernels(self):
-            return UnixSocketKernelManager
-
-    nbmake.nb_run.NotebookClient = UnixSocketNotebookClient  # the name nbmake's NotebookRun calls
+    # nbclient's NotebookClient (nbmake's, and nbconvert's ExecutePreprocessor in teacher/render.py)
+    # takes this name from jupyter_client when it starts a kernel (its _kernel_manager_class_default).
+    jupyter_client.AsyncKernelManager = UnixSocketKernelManager
