@@ -137,7 +137,6 @@ def test_the_test_configuration_keeps_notebook_runs_out_of_the_learners_folder()
         written.unlink()
 
 
-
 @pytest.mark.skipif(os.name != "posix", reason="jupyter_client's ipc transport needs Unix sockets")
 @pytest.mark.parametrize("runner", ["nbmake", "nbconvert"])  # the notebooks; teacher/render.py
 def test_notebook_kernels_start_when_every_tcp_port_is_taken(runner, tmp_path, monkeypatch):
@@ -165,6 +164,7 @@ def test_notebook_kernels_start_when_every_tcp_port_is_taken(runner, tmp_path, m
 
             ExecutePreprocessor(timeout=60).preprocess(nb, {"metadata": {"path": str(tmp_path)}})
     assert nb.cells[0].outputs[0].text == "kernel up\n"
+
 
 def test_a_missing_script_says_to_start_first():
     result = exercises.check("wrap")

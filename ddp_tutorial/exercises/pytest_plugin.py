@@ -53,9 +53,11 @@ def kernels_on_unix_sockets() -> None:
             return "ipc"
 
         @default("ip")
-        def _absolute_path(self):  # jupyter_client's default, "kernel-ipc", is relative to each
-            os.makedirs(jupyter_runtime_dir(), exist_ok=True)  # process's cwd, and nbmake's kernel
-            return os.path.join(jupyter_runtime_dir(), f"kernel-{uuid.uuid4().hex[:16]}-ipc")  # starts in notebooks/
+        def _absolute_path(self):
+            # jupyter_client's default, "kernel-ipc", is relative to each process's working folder,
+            # and the kernel starts in the notebook's folder, not the client's.
+            os.makedirs(jupyter_runtime_dir(), exist_ok=True)
+            return os.path.join(jupyter_runtime_dir(), f"kernel-{uuid.uuid4().hex[:16]}-ipc")
 
     # nbclient's NotebookClient (nbmake's, and nbconvert's ExecutePreprocessor in teacher/render.py)
     # takes this name from jupyter_client when it starts a kernel (its _kernel_manager_class_default).
